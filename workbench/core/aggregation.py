@@ -1,0 +1,103 @@
+"""Loss aggregation: how per-token losses (B, T) become one scalar (names as in verl).
+
+    token-mean               sum(l m) / sum(m)                     [TRL loss_type dapo / bnpo]
+    seq-mean-token-mean      mean_i( sum_t l m / n_i )             [TRL grpo]
+    seq-mean-token-sum       mean_i( sum_t l m )
+    seq-mean-token-sum-norm  sum(l m) / (B * L_max)                [TRL dr_grpo]
+    token-sum-norm           sum(l m) / L_max                      [verl's seq-mean-token-sum-norm]
+
+seq-mean-token-mean gives each token of a short sequence more weight than one of a long
+sequence (1/n_i): a length bias (Dr. GRPO). token-mean and the *-norm modes give every token the
+same weight. verl names the last mode seq-mean-token-sum-norm but, unlike TRL, does not divide by
+the batch: the workbench keeps both conventions under distinct names.
+
+Global-batch normalisation: when a batch is split into micro-batches (gradient accumulation,
+several ranks), pass the *global* denominators ``num_tokens`` (sum of m over the whole batch) and
+``num_seqs`` (number of non-empty sequences in it); summing the micro-batch losses then gives
+exactly the full-batch loss (the bug of TRL #3021 / verl #5625 is dividing by local counts).
+Fully masked rows (truncation masking, OPSM) do not count as sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .masked import masked_sum
+from .registry import Registry
+from .shapes import check_2d, check_like
+
+AggregationFn = Callable[..., torch.Tensor]
+LOSS_AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+
+
+def _as_tensor(x, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=like.dtype, device=like.device)
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def token_mean(loss, mask, *, num_tokens, num_seqs, max_len):
+    """sum(l m) / num_tokens."""
+    return masked_sum(loss, mask) / _as_tensor(num_tokens, loss).clamp(min=1)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(loss, mask, *, num_tokens, num_seqs, max_len):
+    """sum_i (sum_t l m / n_i) / num_seqs."""
+    per_seq = masked_sum(loss, mask, dim=1) / mask.sum(dim=1).clamp(min=1).to(loss.dtype)
+    return per_seq.sum() / _as_tensor(num_seqs, loss).clamp(min=1)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(loss, mask, *, num_tokens, num_seqs, max_len):
+    """sum_i (sum_t l m) / num_seqs."""
+    return masked_sum(loss, mask) / _as_tensor(num_seqs, loss).clamp(min=1)
+
+
+def _require_max_len(max_len, mode: str) -> float:
+    if max_len is None or max_len <= 0:
+        raise ValueError(f"loss aggregation {mode!r} needs max_len (L_max, the recipe's max completion length) > 0, got {max_len!r}")
+    return float(max_len)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(loss, mask, *, num_tokens, num_seqs, max_len):
+    """sum(l m) / (num_seqs * L_max)  (Dr. GRPO as TRL implements it)."""
+    L = _require_max_len(max_len, "seq-mean-token-sum-norm")
+    return masked_sum(loss, mask) / (_as_tensor(num_seqs, loss).clamp(min=1) * L)
+
+
+@LOSS_AGGREGATIONS.register("token-sum-norm")
+def token_sum_norm(loss, mask, *, num_tokens, num_seqs, max_len):
+    """sum(l m) / L_max  (verl's seq-mean-token-sum-norm: no division by the batch)."""
+    return masked_sum(loss, mask) / _require_max_len(max_len, "token-sum-norm")
+
+
+def aggregate_loss(
+    mode: str,
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    max_len: int | None = None,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Aggregate per-token losses (B, T) to a scalar with the registered ``mode``.
+
+    num_tokens / num_seqs default to this batch's own counts; pass global counts when this batch
+    is one micro-batch of a larger one (see module docstring).
+    """
+    fn = LOSS_AGGREGATIONS.get(mode)
+    check_2d("loss", loss)
+    check_like("loss", loss, mask=mask)
+    if num_tokens is None:
+        num_tokens = mask.sum()
+    if num_seqs is None:
+        num_seqs = (mask.sum(dim=1) > 0).sum()
+    return fn(loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+
+
+def batch_normalizers(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_tokens, num_seqs) of a (B, T) mask, to sum across micro-batches / ranks."""
+    return mask.sum(), (mask.sum(dim=1) > 0).sum()

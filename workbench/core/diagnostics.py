@@ -1,0 +1,40 @@
+"""Batch-level diagnostics with TRL's metric names."""
+
+from __future__ import annotations
+
+import torch
+
+from .masked import masked_mean
+
+
+def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """``reward`` (mean), ``reward_std`` (mean over groups of the within-group std, as TRL logs
+    it), ``frac_reward_zero_std`` (fraction of groups whose rewards are all equal: they carry no
+    GRPO/RLOO learning signal). rewards: (B,) grouped contiguously by G."""
+    grouped = rewards.view(-1, group_size).float()
+    if group_size > 1:
+        std = grouped.std(dim=1)
+    else:
+        std = torch.zeros(grouped.shape[0])
+    return {
+        "reward": grouped.mean(),
+        "reward_std": std.mean(),
+        "frac_reward_zero_std": torch.isclose(std, torch.zeros_like(std)).float().mean(),
+    }
+
+
+def length_metrics(mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``completions/{mean,min,max}_length`` and ``completions/clipped_ratio`` (fraction cut at
+    max length). mask (B, T), truncated (B,) bool."""
+    lengths = mask.sum(dim=1).float()
+    return {
+        "completions/mean_length": lengths.mean(),
+        "completions/min_length": lengths.min(),
+        "completions/max_length": lengths.max(),
+        "completions/clipped_ratio": truncated.float().mean(),
+    }
+
+
+def token_mean_metric(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over valid tokens (for ``entropy``, ``kl`` ...). (B, T) -> scalar."""
+    return masked_mean(values.detach().float(), mask)
