@@ -1,0 +1,60 @@
+"""Forward passes over prompt + completion: per-token log-probs, entropy, values."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from workbench.core import entropy_from_logits, logprobs_from_logits
+
+
+def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Concatenate prompt and completion; position ids follow the attention mask, as in
+    ``generate`` with left padding (so trainer and rollout log-probs agree)."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Logits that predict each completion token. -> (B, T, V)."""
+    input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    return logits[:, P - 1 : P - 1 + T]
+
+
+def logprobs_and_entropy(model, batch, temperature: float, with_entropy: bool = True, entropy_grad: bool = False):
+    """Per-token log pi(token) (B, T) and entropy (B, T) (None if not asked; differentiable only
+    with ``entropy_grad``, for an entropy bonus). Padding positions hold finite values."""
+    logits = completion_logits(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    logp = logprobs_from_logits(logits, batch.completion_ids, temperature)
+    entropy = None
+    if with_entropy or entropy_grad:
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
+    return logp, entropy
+
+
+class ValueModel(nn.Module):
+    """PPO critic: a copy of the policy's backbone with a scalar head (initialised at 0).
+
+    V(s_t) is read at the position *before* completion token t (the state that token is
+    chosen in), so values line up with the completion's log-probs.
+    """
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.backbone = copy.deepcopy(policy.get_decoder() if hasattr(policy, "get_decoder") else policy.model)
+        hidden = policy.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+        input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        P, T = prompt_ids.shape[1], completion_ids.shape[1]
+        return self.head(hidden[:, P - 1 : P - 1 + T]).squeeze(-1).float()

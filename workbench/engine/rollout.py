@@ -1,0 +1,87 @@
+"""Rollout backends: prompts in, completions (right-padded to L_max) and their log-probs out.
+
+One contract (``generate(model, tokenizer, prompts, sampling, seed) -> Rollout``), backends
+chosen by name from ``ROLLOUT_BACKENDS`` (the recipe's ``train.rollout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from workbench.core import Registry, logprobs_from_logits
+
+
+@dataclass
+class Rollout:
+    """A generated batch. B = number of prompts given (already repeated G times)."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, T = L_max), pad after EOS
+    completion_mask: torch.Tensor  # (B, T) 1 up to and including EOS
+    truncated: torch.Tensor  # (B,) bool: no EOS within L_max
+    rollout_logp: torch.Tensor | None  # (B, T) log-probs as the rollout engine saw them
+    completions: list[str]
+
+
+RolloutFn = Callable[..., Rollout]
+ROLLOUT_BACKENDS: Registry[RolloutFn] = Registry("rollout backend")
+
+
+def completion_mask_from_ids(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask up to and including the first EOS; (B, T) -> mask (B, T) float, truncated (B,) bool."""
+    is_eos = ids == eos_id
+    has_eos = is_eos.any(dim=1)
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, ids.shape[1], dtype=torch.long))
+    positions = torch.arange(ids.shape[1], device=ids.device)[None]
+    return (positions <= first_eos[:, None]).float(), ~has_eos
+
+
+def _pad_right(ids: torch.Tensor, length: int, pad_id: int) -> torch.Tensor:
+    if ids.shape[1] >= length:
+        return ids[:, :length]
+    return torch.nn.functional.pad(ids, (0, length - ids.shape[1]), value=pad_id)
+
+
+@ROLLOUT_BACKENDS.register("hf")
+@torch.no_grad()
+def hf_generate(model, tokenizer, prompts: list[str], *, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> Rollout:
+    """transformers ``generate`` with KV cache and left padding; sampled with a seeded generator."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    device = next(model.parameters()).device
+    input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    torch.manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=True,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    model.train(was_training)
+    P = input_ids.shape[1]
+    completion_ids = _pad_right(out.sequences[:, P:], max_new_tokens, tokenizer.pad_token_id)
+    mask, truncated = completion_mask_from_ids(completion_ids, tokenizer.eos_token_id)
+    logits = torch.stack(out.logits, dim=1)  # (B, T', V) raw logits of each generated position
+    logp = logprobs_from_logits(logits, completion_ids[:, : logits.shape[1]], temperature)
+    logp = _pad_right(logp, max_new_tokens, 0) * mask
+    texts = tokenizer.batch_decode(completion_ids * mask.long() + tokenizer.pad_token_id * (1 - mask.long()), skip_special_tokens=True)
+    return Rollout(input_ids, attention_mask, completion_ids, mask.to(device), truncated, logp, texts)
+
+
+@ROLLOUT_BACKENDS.register("vllm")
+def vllm_generate(*args, **kwargs) -> Rollout:
+    raise NotImplementedError(
+        "train.rollout='vllm' is not available in this build yet; use train.rollout='hf'"
+    )

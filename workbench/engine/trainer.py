@@ -1,0 +1,436 @@
+"""The training process: one recipe, one run directory, one event stream.
+
+Per step (DESIGN "data flow"): sample prompts -> rollout (G completions each) -> rewards ->
+old / reference log-probs and values (no grad) -> advantages over the *global* batch (core) ->
+mu passes x minibatches x gradient-accumulation micro-batches of policy loss (+ KL, - entropy,
++ value loss), each normalised by the global minibatch's token / sequence counts -> optimiser
+step -> metrics, samples and per-token diagnostics appended to the run's events.
+
+Runs under ``accelerate launch`` (data parallel over ranks; on CPU ``--multi_gpu`` with
+``Accelerator(cpu=True)`` and gloo) or as a plain process. Every maths step is a
+``workbench.core`` call; this module only moves tensors and counts.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from accelerate import Accelerator
+from transformers import get_scheduler
+
+from workbench.core import (
+    REGION_NAMES,
+    aggregate_loss,
+    clipped_value_loss,
+    compute_advantages,
+    compute_policy_loss,
+    kl_per_token,
+    length_metrics,
+    masked_mean,
+    opsm_mask,
+    reward_metrics,
+    token_mean_metric,
+    token_objective,
+    truncation_mask,
+)
+from workbench.engine.events import EventWriter, stdout_mirror
+from workbench.engine.forward import ValueModel, logprobs_and_entropy
+from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function
+from workbench.engine.rollout import ROLLOUT_BACKENDS
+from workbench.engine.tasks import get_task, load_dataset_rows
+from workbench.engine.tiny import load_model_and_tokenizer
+from workbench.recipe import Recipe
+
+PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+TASK_DATASET_SIZE = 2048
+
+
+class Cancelled(Exception):
+    """SIGTERM / SIGINT reached the run."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+@dataclass
+class StepBatch:
+    """This rank's slice of one step's batch; every tensor has B_local rows."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    old_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    old_values: torch.Tensor | None
+
+    def rows(self, idx: torch.Tensor) -> "StepBatch":
+        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if getattr(self, f.name) is not None})
+
+
+def load_rows(recipe: Recipe) -> list[dict[str, Any]]:
+    if recipe.dataset:
+        return load_dataset_rows(recipe.dataset)
+    return get_task(recipe.task).make_dataset(TASK_DATASET_SIZE, recipe.train.seed)
+
+
+def reward_setup(recipe: Recipe):
+    """(functions, weights): the recipe's, else the task's defaults."""
+    task = get_task(recipe.task) if recipe.task else None
+    refs = list(recipe.reward_funcs) or (list(task.reward_funcs) if task else [])
+    if not refs:
+        raise ValueError("reward_funcs is empty and no task supplies defaults: name at least one reward function")
+    weights = recipe.reward_weights
+    if weights is None and not recipe.reward_funcs and task is not None:
+        weights = list(task.reward_weights)
+    if weights is not None and len(weights) != len(refs):
+        raise ValueError(f"reward_weights has {len(weights)} values for {len(refs)} reward functions ({', '.join(refs)})")
+    return [load_reward_function(r) for r in refs], weights
+
+
+def prompts_for_step(rows: list[dict], step: int, prompts_per_step: int, rank: int, world: int, seed: int) -> list[dict]:
+    """This rank's prompts of step ``step`` from a seeded, epoch-wise shuffled stream."""
+    per_rank = prompts_per_step // world
+    start = step * prompts_per_step + rank * per_rank
+    out = []
+    for k in range(start, start + per_rank):
+        epoch, i = divmod(k, len(rows))
+        order = list(range(len(rows)))
+        random.Random(seed * 7919 + epoch).shuffle(order)
+        out.append(rows[order[i]])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+@contextmanager
+def _signals_cancel() -> Iterator[None]:
+    def handler(signum, frame):
+        raise Cancelled(f"received {signal.Signals(signum).name}")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Trainer:
+    """Holds the models, optimisers and event writer of one run."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False) -> None:
+        self.recipe = recipe
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        torch.set_num_threads(recipe.train.threads)
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(),
+            mixed_precision=PRECISION[recipe.train.precision],
+            log_with=recipe.logging.log_with or None,
+            project_dir=str(self.run_dir),
+        )
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        if recipe.sampling.prompts_per_step % self.world:
+            raise ValueError(
+                f"sampling.prompts_per_step={recipe.sampling.prompts_per_step} must divide among {self.world} processes"
+            )
+        self.events = EventWriter(self.run_dir, enabled=self.accelerator.is_main_process, mirror=stdout_mirror(stdout_events))
+        if self.accelerator.is_main_process:
+            (self.run_dir / "recipe.yaml").write_text(recipe.to_yaml())
+
+    # -- set-up -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        r, acc = self.recipe, self.accelerator
+        torch.manual_seed(r.train.seed)
+        self.rows = load_rows(r)
+        self.reward_funcs, self.reward_weights = reward_setup(r)
+        policy, self.tokenizer = load_model_and_tokenizer(r.model, device=acc.device)
+        self.reference = None
+        if r.algorithm.uses_reference:  # no KL term -> no reference model in memory
+            self.reference, _ = load_model_and_tokenizer(r.model, device=acc.device)
+            self.reference.eval().requires_grad_(False)
+        total_updates = r.train.steps * r.train.mu * r.train.minibatches
+        opt = torch.optim.AdamW(policy.parameters(), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
+        sched = get_scheduler(SCHEDULES[r.optim.schedule], opt, num_warmup_steps=r.optim.warmup_steps, num_training_steps=total_updates)
+        self.policy, self.optimizer, self.scheduler = acc.prepare(policy, opt, sched)
+        self.critic = None
+        if r.algorithm.critic:
+            critic = ValueModel(acc.unwrap_model(self.policy)).to(acc.device)
+            copt = torch.optim.AdamW(critic.parameters(), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
+            self.critic, self.critic_optimizer = acc.prepare(critic, copt)
+        if r.logging.log_with:
+            acc.init_trackers(r.name, config=r.to_dict())
+
+    # -- one step -----------------------------------------------------------------------------
+    def rollout(self, step: int):
+        r = self.recipe
+        G = r.sampling.num_generations
+        rows = prompts_for_step(self.rows, step, r.sampling.prompts_per_step, self.rank, self.world, r.train.seed)
+        rows = [row for row in rows for _ in range(G)]  # groups contiguous
+        backend = ROLLOUT_BACKENDS.get(r.train.rollout)
+        out = backend(
+            self.accelerator.unwrap_model(self.policy), self.tokenizer, [row["prompt"] for row in rows],
+            temperature=r.sampling.temperature, top_p=r.sampling.top_p,
+            max_new_tokens=r.sampling.max_completion_length,
+            seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
+        )
+        return rows, out
+
+    def score(self, rows, out, step: int):
+        ids = [row[m.bool()].tolist() for row, m in zip(out.completion_ids, out.completion_mask)]
+        columns = {k: [row.get(k) for row in rows] for k in rows[0] if k != "prompt"}
+        total, per_fn = compute_rewards(
+            self.reward_funcs, self.reward_weights, [row["prompt"] for row in rows], out.completions, ids, columns,
+            trainer_state={"step": step},
+        )
+        return total.to(self.accelerator.device), per_fn
+
+    @torch.no_grad()
+    def prepare_batch(self, out, rewards: torch.Tensor):
+        """Old / reference log-probs, values, KL-in-reward and global-batch advantages."""
+        r, acc = self.recipe, self.accelerator
+        a = r.algorithm
+        mask = out.completion_mask
+        probe = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, mask, mask, mask, None, None, None)
+        single_pass = r.train.mu == 1 and r.train.minibatches == 1
+        old_logp = None if single_pass else logprobs_and_entropy(self.policy, probe, r.sampling.temperature, False)[0]
+        ref_logp = logprobs_and_entropy(self.reference, probe, r.sampling.temperature, False)[0] if self.reference is not None else None
+        old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
+        behaviour = old_logp if old_logp is not None else out.rollout_logp
+        kl = kl_per_token(a.kl_estimator, behaviour, ref_logp, mask) if ref_logp is not None else None
+
+        # advantages need the global batch (batch-level baselines, whitening): gather, compute, slice
+        g_rewards, g_mask = acc.gather(rewards), acc.gather(mask)
+        g_kl = acc.gather(kl) if kl is not None else None
+        g_values = acc.gather(old_values) if old_values is not None else None
+        adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values)
+        B = mask.shape[0]
+        mine = slice(self.rank * B, (self.rank + 1) * B)
+        loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
+        batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
+                          adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values)
+        return batch, (g_rewards, g_mask, g_kl, adv.advantages)
+
+    def _global_counts(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = torch.stack([mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype)])
+        counts = self.accelerator.reduce(counts, reduction="sum") if self.world > 1 else counts
+        return counts[0], counts[1]
+
+    def micro_loss(self, mb: StepBatch, num_tokens, num_seqs, single_pass: bool):
+        """Loss of one micro-batch, scaled so that the sum over micro-batches and the mean over
+        ranks (DDP) equal the aggregated loss of the whole global minibatch."""
+        r = self.recipe
+        a = r.algorithm
+        logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=a.entropy_coef > 0)
+        old = logp.detach() if single_pass else mb.old_logp
+        loss_mask = mb.loss_mask
+        if a.opsm_delta is not None:
+            loss_mask = opsm_mask(logp, old, mb.advantages, loss_mask, a.opsm_delta)
+        pg, diag = compute_policy_loss(a.policy_loss, logp, old, mb.advantages, loss_mask, r.policy_loss_config())
+        kl_loss = kl_per_token(a.kl_estimator, logp, mb.ref_logp, mb.completion_mask) if (a.kl_placement == "in_loss" and mb.ref_logp is not None) else None
+        objective = token_objective(pg, kl=kl_loss, kl_coef=a.kl_coef if kl_loss is not None else 0.0,
+                                    entropy=entropy, entropy_coef=a.entropy_coef)
+        scale = float(self.world)  # DDP averages gradients over ranks; undo it
+        norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
+        policy_loss = aggregate_loss(a.aggregation, objective, loss_mask, **norm) * scale
+        metrics = {k: v.detach() for k, v in diag.metrics.items()}
+        metrics["loss/policy"] = aggregate_loss(a.aggregation, pg.detach(), loss_mask, **norm) * scale
+        metrics["entropy"] = token_mean_metric(entropy, mb.completion_mask)  # detached inside
+        total = policy_loss
+        if self.critic is not None:
+            values = self.critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
+            vl, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mb.completion_mask, a.value_clip)
+            value_loss = aggregate_loss(a.aggregation, vl, mb.completion_mask, **norm) * scale
+            total = total + a.vf_coef * value_loss
+            metrics.update(vmetrics)
+            metrics["loss/value"] = value_loss.detach()
+        if not torch.isfinite(total):
+            raise NonFiniteLossError(f"the loss is {total.item()} (policy {policy_loss.item()}); stopping before the update")
+        return total, metrics, logp.detach(), diag
+
+    def optimise(self, batch: StepBatch, step: int):
+        """mu passes x minibatches x micro-batches. Returns averaged metrics and last-pass
+        per-token diagnostics (ratio, region, zero_grad) for every row."""
+        r, acc = self.recipe, self.accelerator
+        B = batch.completion_mask.shape[0]
+        single_pass = r.train.mu == 1 and r.train.minibatches == 1
+        sums: dict[str, float] = {}
+        count = 0
+        grad_norms = []
+        last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.full_like(batch.completion_mask, -1, dtype=torch.long),
+                "zero_grad": torch.zeros_like(batch.completion_mask, dtype=torch.bool)}
+        first_logp = None
+        gen = torch.Generator().manual_seed(r.train.seed * 31 + step)
+        for _ in range(r.train.mu):
+            order = torch.randperm(B, generator=gen) if r.train.minibatches > 1 else torch.arange(B)
+            for mb_idx in order.chunk(r.train.minibatches):
+                mb_idx = mb_idx.to(batch.completion_mask.device)
+                num_tokens, num_seqs = self._global_counts(batch.loss_mask[mb_idx])
+                for micro_idx in mb_idx.chunk(r.train.grad_accum):
+                    loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs, single_pass)
+                    acc.backward(loss)
+                    for k, v in metrics.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    count += 1
+                    last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
+                    if first_logp is None and single_pass:
+                        first_logp = logp
+                grad_norms.append(float(self._step_optimisers()))
+        metrics = {k: v / count for k, v in sums.items()}
+        # loss/* were scaled by world for DDP; the per-micro sums add up to one minibatch loss
+        for k in ("loss/policy", "loss/value"):
+            if k in metrics:
+                metrics[k] = metrics[k] * count / (r.train.mu * r.train.minibatches)
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        return metrics, last, first_logp
+
+    def _step_optimisers(self) -> torch.Tensor:
+        r, acc = self.recipe, self.accelerator
+        max_norm = r.optim.max_grad_norm if r.optim.max_grad_norm is not None else math.inf
+        norm = acc.clip_grad_norm_(self.policy.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            acc.clip_grad_norm_(self.critic.parameters(), max_norm)
+            self.critic_optimizer.step()
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def step(self, step: int) -> dict[str, float]:
+        r, acc = self.recipe, self.accelerator
+        t0 = time.perf_counter()
+        rows, out = self.rollout(step)
+        t_gen = time.perf_counter() - t0
+        rewards, per_fn = self.score(rows, out, step)
+        batch, (g_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, rewards)
+        t1 = time.perf_counter()
+        metrics, last, first_logp = self.optimise(batch, step)
+        t_train = time.perf_counter() - t1
+
+        # ---- metrics (global batch) ----
+        metrics = {k: float(acc.reduce(torch.tensor(v, device=acc.device), reduction="mean")) for k, v in metrics.items()} if self.world > 1 else metrics
+        metrics.update({k: float(v) for k, v in reward_metrics(g_rewards.cpu(), r.sampling.num_generations).items()})
+        for name, values in per_fn.items():
+            g = acc.gather(values.to(acc.device)).cpu()
+            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(g)) if torch.isfinite(g).any() else float("nan")
+        metrics.update({k: float(v) for k, v in length_metrics(g_mask.cpu(), acc.gather(out.truncated.to(acc.device)).cpu()).items()})
+        metrics["kl"] = float(masked_mean(g_kl, g_mask)) if g_kl is not None else 0.0
+        trainer_logp = batch.old_logp if batch.old_logp is not None else first_logp
+        if out.rollout_logp is not None and trainer_logp is not None:
+            diff = (out.rollout_logp - trainer_logp).abs() * out.completion_mask
+            metrics["sampling/logprob_diff/mean"] = float(acc.reduce(masked_mean(diff, out.completion_mask), reduction="mean"))
+            metrics["sampling/logprob_diff/max"] = float(acc.reduce(diff.max(), reduction="max") if self.world > 1 else diff.max())
+        step_time = time.perf_counter() - t0
+        metrics["perf/step_time"] = step_time
+        metrics["perf/generation_time"] = t_gen
+        metrics["perf/train_time"] = t_train
+        metrics["perf/tokens_per_s"] = float(g_mask.sum()) / step_time
+        metrics["step"] = step
+
+        self.events.emit("metrics", step, metrics=metrics)
+        self._emit_samples(step, rows, out, rewards, batch.advantages)
+        self._emit_diagnostics(step, batch, last)
+        if r.logging.log_with:
+            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        return metrics
+
+    def _emit_samples(self, step, rows, out, rewards, advantages) -> None:
+        n = self.recipe.logging.samples_per_step
+        if not n:
+            return
+        seq_adv = masked_mean(advantages, out.completion_mask, dim=1)
+        samples = [
+            {"prompt": rows[i]["prompt"], "completion": out.completions[i], "reward": float(rewards[i]),
+             "advantage": float(seq_adv[i]), "length": int(out.completion_mask[i].sum()), "truncated": bool(out.truncated[i])}
+            for i in range(min(n, len(rows)))
+        ]
+        self.events.emit("samples", step, samples=samples)
+
+    def _emit_diagnostics(self, step, batch: StepBatch, last) -> None:
+        lg = self.recipe.logging
+        if not lg.diagnostics_every or step % lg.diagnostics_every or not lg.diagnostics_sequences:
+            return
+        n = min(lg.diagnostics_sequences, batch.completion_mask.shape[0])
+        self.events.emit(
+            "diagnostics", step, region_names=list(REGION_NAMES),
+            ratio=last["ratio"][:n], advantage=batch.advantages[:n], mask=batch.completion_mask[:n],
+            loss_mask=batch.loss_mask[:n], region=last["region"][:n], zero_grad=last["zero_grad"][:n],
+            length=batch.completion_mask[:n].sum(dim=1),
+        )
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> str:
+        """Train for ``train.steps`` steps; returns the final status (finished / failed / cancelled)."""
+        r = self.recipe
+        status, error = "finished", None
+        step = -1
+        with _signals_cancel():
+            try:
+                self.events.emit("status", 0, status="starting", world_size=self.world, recipe=r.name)
+                self.setup()
+                self.events.emit("status", 0, status="running")
+                bar = _progress(r.train.steps, self.progress and self.accelerator.is_main_process)
+                for step in range(r.train.steps):
+                    m = self.step(step)
+                    bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.3f}")
+                    bar.update(1)
+                bar.close()
+            except Cancelled as err:
+                status, error = "cancelled", str(err)
+            except Exception as err:  # the run ends with the error recorded; nothing logged is lost
+                status, error = "failed", f"{type(err).__name__}: {err}"
+                self.events.emit("error", max(step, 0), error=error, exception=type(err).__name__,
+                                 reward_function=isinstance(err, RewardFunctionError))
+            finally:
+                self.events.emit("status", max(step, 0), status=status, **({"error": error} if error else {}))
+                if r.logging.log_with:
+                    self.accelerator.end_training()
+                self.events.close()
+        return status
+
+
+class _NoBar:
+    def set_postfix(self, **kw):
+        pass
+
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="train", unit="step")
+
+
+def train(recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False) -> str:
+    """Run a recipe into ``run_dir``; returns the final status."""
+    return Trainer(recipe, run_dir, stdout_events=stdout_events, progress=progress).run()

@@ -1,0 +1,391 @@
+"""The Recipe: everything that defines a run, validated up front, with a YAML round trip.
+
+An algorithm is a *composition* of axes (advantage estimator x policy loss x aggregation x KL x
+extras), not a class: the presets in ``recipes/`` are named values of these fields. Every field's
+docstring says what it does, its trade-off and where it comes from (TRL-style), and a bad value
+fails with an error naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workbench.core import (
+    ADVANTAGE_ESTIMATORS,
+    GRPO_SCALES,
+    KL_ESTIMATORS,
+    KL_PLACEMENTS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    TOKEN_LEVEL_ESTIMATORS,
+    AdvantageConfig,
+    PolicyLossConfig,
+)
+from workbench.core.policy_losses import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+
+
+class RecipeError(ValueError):
+    """A recipe that does not validate; the message lists every field at fault."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+def _one_of(field: str, value: str, allowed) -> str:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+    return value
+
+
+class Algorithm(_Section):
+    """The algorithm axes. Defaults are GRPO as in DeepSeekMath / TRL."""
+
+    advantage: str = "grpo"
+    """Advantage estimator: grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline, gae (PPO, needs critic)."""
+    grpo_scale: str = "group"
+    """GRPO std: group (GRPO), batch (TRL scale_rewards='batch'), none (Dr. GRPO, no std bias)."""
+    adv_eps: float = Field(1e-6, ge=0)
+    """Added to the std in GRPO (TRL 1e-4, verl 1e-6); matters only for near-constant groups."""
+    whiten_advantages: bool = False
+    """Masked whitening of advantages over the batch (usual for PPO/GAE); rescales the step."""
+    policy_loss: str = "clip"
+    """clip (PPO/GRPO/DAPO), gspo (sequence ratio), cispo (clipped IS weight, no zeroed gradients), reinforce."""
+    eps_low: float = Field(0.2, ge=0)
+    """Lower clip: ratio below 1 - eps_low stops negative-advantage updates (PPO 0.2)."""
+    eps_high: float = Field(0.2, ge=0)
+    """Upper clip (DAPO clip-higher 0.28 keeps exploration; GSPO ~4e-4; CISPO absolute cap ~5)."""
+    clip_c: float | None = None
+    """Dual clip (verl clip_ratio_c, e.g. 3): caps the loss of A<0 tokens whose ratio exploded."""
+    delta: float | None = None
+    """TRL's two-sided clip: caps the unclipped ratio at delta (same forward values as clip_c)."""
+    gspo_variant: str = "sequence"
+    """GSPO sequence ratio (paper) or verl's token variant (same value, per-token gradient)."""
+    cispo_bounds: str = "relative"
+    """CISPO weight bounds: relative [1-eps_low, 1+eps_high] (verl) or absolute cap eps_high (TRL)."""
+    reinforce_form: str = "logp"
+    """Vanilla PG surrogate: -A logp or -A ratio (same gradient on-policy)."""
+    aggregation: str = "seq-mean-token-mean"
+    """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO), token-sum-norm (verl)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """beta. 0 = no KL and no reference model loaded (saves memory and a forward pass)."""
+    kl_estimator: str = "k3"
+    """k1 (unbiased, noisy), k2 (biased, low variance), k3 (unbiased, >= 0; GRPO's choice)."""
+    kl_placement: str = "in_loss"
+    """in_loss (GRPO: beta*KL added per token) or in_reward (PPO/RLOO/REINFORCE++: reward shaped first)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus coefficient (against entropy collapse); 0 in TRL and verl by default."""
+    opsm_delta: float | None = None
+    """Off-policy sequence masking (slime): drop A<0 sequences whose mean drift exceeds delta."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering: completions cut at max length get no loss."""
+    critic: bool = False
+    """Train a value head (PPO). Required by advantage=gae; costs a second model's memory."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount (token-level estimators). LM RL uses 1.0."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE lambda: lower = less variance, more bias from the critic (PPO for LMs ~0.95)."""
+    value_clip: float | None = 0.2
+    """PPO value clipping range around the old values (None = off)."""
+    vf_coef: float = Field(0.5, ge=0)
+    """Weight of the value loss (the critic has its own optimiser; this scales its loss)."""
+
+    @field_validator("advantage")
+    @classmethod
+    def _adv(cls, v):
+        return _one_of("algorithm.advantage", v, ADVANTAGE_ESTIMATORS.names())
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _loss(cls, v):
+        return _one_of("algorithm.policy_loss", v, POLICY_LOSSES.names())
+
+    @field_validator("aggregation")
+    @classmethod
+    def _agg(cls, v):
+        return _one_of("algorithm.aggregation", v, LOSS_AGGREGATIONS.names())
+
+    @field_validator("kl_estimator")
+    @classmethod
+    def _kl(cls, v):
+        return _one_of("algorithm.kl_estimator", v, KL_ESTIMATORS.names())
+
+    @field_validator("kl_placement")
+    @classmethod
+    def _placement(cls, v):
+        return _one_of("algorithm.kl_placement", v, KL_PLACEMENTS)
+
+    @field_validator("grpo_scale")
+    @classmethod
+    def _scale(cls, v):
+        return _one_of("algorithm.grpo_scale", v, GRPO_SCALES)
+
+    @field_validator("gspo_variant")
+    @classmethod
+    def _gspo(cls, v):
+        return _one_of("algorithm.gspo_variant", v, GSPO_VARIANTS)
+
+    @field_validator("cispo_bounds")
+    @classmethod
+    def _cispo(cls, v):
+        return _one_of("algorithm.cispo_bounds", v, CISPO_BOUNDS)
+
+    @field_validator("reinforce_form")
+    @classmethod
+    def _reinforce(cls, v):
+        return _one_of("algorithm.reinforce_form", v, REINFORCE_FORMS)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.advantage == "gae" and not self.critic:
+            raise ValueError("algorithm.advantage='gae' needs algorithm.critic=true (GAE uses the critic's values)")
+        if self.critic and self.advantage != "gae":
+            raise ValueError(f"algorithm.critic=true is only used by advantage='gae', not {self.advantage!r}")
+        PolicyLossConfig(**self.policy_loss_kwargs())  # clip_c/delta vs eps_high, with the field names
+        return self
+
+    def policy_loss_kwargs(self) -> dict[str, Any]:
+        keys = ("eps_low", "eps_high", "clip_c", "delta", "gspo_variant", "cispo_bounds", "reinforce_form")
+        return {k: getattr(self, k) for k in keys}
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference model is loaded only when a KL term needs it."""
+        return self.kl_coef > 0
+
+
+class Sampling(_Section):
+    """Rollout settings."""
+
+    num_generations: int = Field(8, ge=1)
+    """G completions per prompt. Group baselines need G >= 2; larger G = better baselines, more compute."""
+    prompts_per_step: int = Field(4, ge=1)
+    """Prompts per step; the batch is prompts_per_step x G completions."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (log-probs are computed at the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
+    max_completion_length: int = Field(8, ge=1)
+    """L_max: completions are cut here (and the Dr. GRPO normaliser uses it)."""
+
+
+class Optim(_Section):
+    """Optimiser (AdamW) and schedule."""
+
+    lr: float = Field(1e-3, gt=0)
+    """Policy learning rate (the tiny model likes 1e-3; billion-parameter models ~1e-6)."""
+    critic_lr: float | None = None
+    """Critic learning rate (default: lr)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR schedule after warm-up."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Gradient clipping by global norm (None = off)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+
+
+class Train(_Section):
+    """Loop settings."""
+
+    steps: int = Field(30, ge=1)
+    """Optimisation steps (each: one rollout batch, mu passes over it)."""
+    mu: int = Field(1, ge=1)
+    """Passes over each batch (GRPO's mu / TRL num_iterations / PPO epochs). > 1 makes the ratio move and clipping bite."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per pass: the batch is split into this many minibatches."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches per minibatch (memory); the loss is normalised over the whole minibatch."""
+    seed: int = 0
+    """Seed for sampling, data order and initialisation."""
+    rollout: Literal["hf", "vllm"] = "hf"
+    """Generation backend: hf (transformers generate) or vllm (colocated, weights synced each step)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Mixed precision (accelerate). CPU runs use fp32."""
+    threads: int = Field(1, ge=1)
+    """torch threads per CPU process (on 2 cores, 1 is fastest for generation)."""
+
+
+class Logging(_Section):
+    """What the run records."""
+
+    log_with: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(default_factory=list)
+    """Trackers via accelerate, besides the run's own event stream."""
+    samples_per_step: int = Field(4, ge=0)
+    """Prompt / completion / reward rows recorded per step."""
+    diagnostics_every: int = Field(1, ge=0)
+    """Per-token diagnostics (ratio, advantage, region) every N steps (0 = never)."""
+    diagnostics_sequences: int = Field(8, ge=0)
+    """How many sequences of the batch those diagnostics cover."""
+
+
+class Recipe(_Section):
+    """A whole run. ``name`` identifies the preset or run."""
+
+    name: str = "grpo"
+    description: str = ""
+    model: str = "tiny"
+    """'tiny' (built locally) or a Hugging Face causal LM path / hub id."""
+    task: str | None = "arithmetic"
+    """Built-in task; its prompts and reward functions are used unless overridden."""
+    dataset: str | None = None
+    """JSONL / CSV / saved `datasets` dir with a 'prompt' column (replaces the task's prompts)."""
+    reward_funcs: list[str] = Field(default_factory=list)
+    """Reward functions by built-in name or import path 'package.module:function' (default: the task's)."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1 each)."""
+    algorithm: Algorithm = Field(default_factory=Algorithm)
+    sampling: Sampling = Field(default_factory=Sampling)
+    optim: Optim = Field(default_factory=Optim)
+    train: Train = Field(default_factory=Train)
+    logging: Logging = Field(default_factory=Logging)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.task is None and self.dataset is None:
+            raise ValueError("task and dataset are both empty: set one of them")
+        if self.reward_weights is not None and self.reward_funcs and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} values but reward_funcs has {len(self.reward_funcs)}; give one weight per function"
+            )
+        batch = self.batch_size
+        per_update = self.train.minibatches * self.train.grad_accum
+        if batch % per_update != 0:
+            raise ValueError(
+                f"the batch (sampling.prompts_per_step x sampling.num_generations = {batch}) must divide into "
+                f"train.minibatches x train.grad_accum = {per_update} equal parts"
+            )
+        if self.algorithm.advantage in ("grpo", "rloo", "reinforce_pp_baseline") and self.sampling.num_generations < 2:
+            raise ValueError(
+                f"algorithm.advantage={self.algorithm.advantage!r} needs a group baseline: sampling.num_generations must be >= 2"
+            )
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        return self.sampling.prompts_per_step * self.sampling.num_generations
+
+    # ---- core configs -------------------------------------------------------------------
+    def advantage_config(self) -> AdvantageConfig:
+        a = self.algorithm
+        return AdvantageConfig(
+            group_size=self.sampling.num_generations,
+            scale=a.grpo_scale,
+            eps=a.adv_eps,
+            gamma=a.gamma,
+            lam=a.lam,
+            kl_coef=a.kl_coef if a.kl_placement == "in_reward" else 0.0,
+            whiten=a.whiten_advantages,
+        )
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        return PolicyLossConfig(**self.algorithm.policy_loss_kwargs())
+
+    @property
+    def token_level(self) -> bool:
+        return self.algorithm.advantage in TOKEN_LEVEL_ESTIMATORS
+
+    # ---- YAML ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Recipe":
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise RecipeError(format_validation_error(err)) from None
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "Recipe":
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise RecipeError(f"a recipe is a YAML mapping, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def with_overrides(self, overrides: list[str]) -> "Recipe":
+        """Apply ``key.path=value`` strings (value parsed as YAML) and re-validate."""
+        data = self.to_dict()
+        for item in overrides:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                raise RecipeError(f"--set {item!r}: expected key=value, e.g. algorithm.kl_coef=0.04")
+            node = data
+            parts = key.strip().split(".")
+            for part in parts[:-1]:
+                if not isinstance(node.get(part), dict):
+                    raise RecipeError(f"--set {item!r}: {part!r} is not a section of the recipe")
+                node = node[part]
+            if parts[-1] not in node:
+                raise RecipeError(f"--set {item!r}: unknown field {key!r}; fields here: {', '.join(node)}")
+            node[parts[-1]] = yaml.safe_load(raw)
+        return Recipe.from_dict(data)
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line per problem: 'field.path=value: what is allowed'.
+
+    An unknown key (``extra='forbid'``) lists the fields allowed at that place of ``model``
+    (default: Recipe); a message that already starts with the field name is not prefixed twice.
+    """
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(model or Recipe, e["loc"][:-1])
+            msg = f"unknown field; allowed here: {', '.join(allowed)}" if allowed else msg
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) or not loc else f"={value!r}"
+        if loc and msg.startswith(f"{loc}{shown}"):
+            lines.append(msg)
+        else:
+            lines.append(f"{loc}{shown}: {msg}" if loc else msg)
+    return "invalid recipe:\n  " + "\n  ".join(lines)
+
+
+def _fields_at(model: type[BaseModel], path: tuple) -> list[str]:
+    """Field names of the (nested) section of ``model`` at ``path``; [] if it is not a section."""
+    for part in path:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+# ---- presets --------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = RECIPES_DIR / f"{name}.yaml"
+    if name not in preset_names():
+        raise RecipeError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return path
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe:
+    """A preset name (``grpo``) or a YAML file path, with optional ``--set`` overrides."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = preset_path(name_or_path)
+    recipe = Recipe.from_yaml(path.read_text())
+    return recipe.with_overrides(overrides) if overrides else recipe
