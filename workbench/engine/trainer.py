@@ -285,15 +285,10 @@ class Trainer:
         for _ in range(r.train.mu):
             order = torch.randperm(B, generator=gen) if r.train.minibatches > 1 else torch.arange(B)
             for mb_idx in order.chunk(r.train.minibatches):
-                mb_idx = mb_idx.to(batch.completion_mask.device)
-                num_tokens, num_seqs = self._global_counts(batch.loss_mask[mb_idx])
-                for micro_idx in mb_idx.chunk(r.train.grad_accum):
-                    loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs, single_pass)
-                    acc.backward(loss)
+                for metrics, logp in self.accumulate_gradients(batch, mb_idx.to(batch.completion_mask.device), single_pass, last):
                     for k, v in metrics.items():
                         sums[k] = sums.get(k, 0.0) + float(v)
                     count += 1
-                    last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
                     if first_logp is None and single_pass:
                         first_logp = logp
                 grad_norms.append(float(self._step_optimisers()))
@@ -305,6 +300,17 @@ class Trainer:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics, last, first_logp
+
+    def accumulate_gradients(self, batch: StepBatch, mb_idx: torch.Tensor, single_pass: bool, last: dict):
+        """Backward over one minibatch in ``train.grad_accum`` micro-batches, each normalised by
+        the *global* minibatch's token / sequence counts, so the accumulated gradient equals the
+        gradient of the whole minibatch's aggregated loss. Yields (metrics, logp) per micro-batch."""
+        num_tokens, num_seqs = self._global_counts(batch.loss_mask[mb_idx])
+        for micro_idx in mb_idx.chunk(self.recipe.train.grad_accum):
+            loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs, single_pass)
+            self.accelerator.backward(loss)
+            last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
+            yield metrics, logp
 
     def _step_optimisers(self) -> torch.Tensor:
         r, acc = self.recipe, self.accelerator
@@ -348,6 +354,7 @@ class Trainer:
         metrics["perf/generation_time"] = t_gen
         metrics["perf/train_time"] = t_train
         metrics["perf/tokens_per_s"] = float(g_mask.sum()) / step_time
+        metrics["completions/count"] = float(g_mask.shape[0])  # the global batch, all ranks
         metrics["step"] = step
 
         self.events.emit("metrics", step, metrics=metrics)
@@ -381,6 +388,12 @@ class Trainer:
             length=batch.completion_mask[:n].sum(dim=1),
         )
 
+    def _write_param_digest(self) -> None:
+        """Multi-process runs leave one digest per rank (a cheap check that ranks agree)."""
+        if self.world > 1 and hasattr(self, "policy"):
+            digest = parameter_digest(self.accelerator.unwrap_model(self.policy))
+            (self.run_dir / f"params.rank{self.rank}.sha256").write_text(digest)
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> str:
         """Train for ``train.steps`` steps; returns the final status (finished / failed / cancelled)."""
@@ -405,11 +418,23 @@ class Trainer:
                 self.events.emit("error", max(step, 0), error=error, exception=type(err).__name__,
                                  reward_function=isinstance(err, RewardFunctionError))
             finally:
+                self._write_param_digest()
                 self.events.emit("status", max(step, 0), status=status, **({"error": error} if error else {}))
                 if r.logging.log_with:
                     self.accelerator.end_training()
                 self.events.close()
         return status
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of all parameters' bytes: equal on every rank iff data parallelism kept them in sync."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 class _NoBar:

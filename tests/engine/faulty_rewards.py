@@ -1,0 +1,15 @@
+"""Reward functions that misbehave on purpose (referenced by import path in the tests)."""
+
+import math
+
+
+def raises_at_step_2(prompts, completions, completion_ids=None, trainer_state=None, **kwargs):
+    if trainer_state and trainer_state["step"] >= 2:
+        raise ZeroDivisionError("boom in the reward")
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]
+
+
+def infinite_at_step_2(prompts, completions, completion_ids=None, trainer_state=None, **kwargs):
+    if trainer_state and trainer_state["step"] >= 2:
+        return [math.inf] * len(completions)
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]

@@ -1,0 +1,440 @@
+"""The Recipe schema and the presets in recipes/: loading, defining values, YAML round trip,
+overrides, and error messages that name the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from workbench.core import ADVANTAGE_ESTIMATORS, AdvantageConfig, PolicyLossConfig
+from workbench.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe, preset_names
+
+EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo"}
+
+# The arXiv id of each preset's paper, which its header comment must name.
+PAPERS = {
+    "grpo": "2402.03300",
+    "dr_grpo": "2503.20783",
+    "dapo": "2503.14476",
+    "rloo": "2402.14740",
+    "reinforce_pp": "2501.03262",
+    "ppo": "1707.06347",
+    "gspo": "2507.18071",
+    "cispo": "2506.13585",
+}
+
+# The settings that define each algorithm (dotted paths into the recipe).
+DEFINING = {
+    "grpo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.grpo_scale": "group",
+        "algorithm.policy_loss": "clip",
+        "algorithm.eps_low": 0.2,
+        "algorithm.eps_high": 0.2,
+        "algorithm.aggregation": "seq-mean-token-mean",
+        "algorithm.kl_coef": 0.04,
+        "algorithm.kl_estimator": "k3",
+        "algorithm.kl_placement": "in_loss",
+        "train.mu": 1,
+    },
+    "dr_grpo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.grpo_scale": "none",
+        "algorithm.policy_loss": "clip",
+        "algorithm.aggregation": "seq-mean-token-sum-norm",
+        "algorithm.kl_coef": 0.0,
+    },
+    "dapo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "clip",
+        "algorithm.eps_low": 0.2,
+        "algorithm.eps_high": 0.28,
+        "algorithm.aggregation": "token-mean",
+        "algorithm.mask_truncated": True,
+        "algorithm.kl_coef": 0.0,
+    },
+    "rloo": {
+        "algorithm.advantage": "rloo",
+        "algorithm.policy_loss": "clip",
+        "algorithm.aggregation": "seq-mean-token-sum",
+        "algorithm.kl_coef": 0.05,
+        "algorithm.kl_estimator": "k1",
+        "algorithm.kl_placement": "in_reward",
+        "train.mu": 1,
+    },
+    "reinforce_pp": {
+        "algorithm.advantage": "reinforce_pp",
+        "algorithm.policy_loss": "clip",
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.01,
+        "algorithm.kl_estimator": "k1",
+        "algorithm.kl_placement": "in_reward",
+        "algorithm.gamma": 1.0,
+        "algorithm.critic": False,
+    },
+    "ppo": {
+        "algorithm.advantage": "gae",
+        "algorithm.critic": True,
+        "algorithm.gamma": 1.0,
+        "algorithm.lam": 0.95,
+        "algorithm.whiten_advantages": True,
+        "algorithm.value_clip": 0.2,
+        "algorithm.vf_coef": 0.5,
+        "algorithm.policy_loss": "clip",
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.05,
+        "algorithm.kl_estimator": "k1",
+        "algorithm.kl_placement": "in_reward",
+        "train.mu": 2,
+        "train.minibatches": 2,
+    },
+    "gspo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "gspo",
+        "algorithm.gspo_variant": "sequence",
+        "algorithm.eps_low": 3e-4,
+        "algorithm.eps_high": 4e-4,
+        "algorithm.aggregation": "seq-mean-token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
+    },
+    "cispo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "cispo",
+        "algorithm.cispo_bounds": "relative",
+        "algorithm.eps_low": 1.0,
+        "algorithm.eps_high": 0.28,
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
+    },
+}
+
+# What every preset shares so that it runs on the tiny model on a 2-core CPU in seconds.
+SMALL_RUN = {
+    "model": "tiny",
+    "task": "arithmetic",
+    "sampling.num_generations": 8,
+    "sampling.prompts_per_step": 4,
+    "sampling.max_completion_length": 6,
+    "optim.lr": 1e-3,
+}
+
+
+def get(recipe: Recipe, path: str):
+    node = recipe
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def header(name: str) -> str:
+    """The leading comment block of a preset file."""
+    lines = []
+    for line in (RECIPES_DIR / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def raises(text_or_fn, *patterns: str) -> str:
+    """Assert a RecipeError whose message contains every pattern (plain substrings)."""
+    fn = text_or_fn if callable(text_or_fn) else (lambda: Recipe.from_yaml(text_or_fn))
+    with pytest.raises(RecipeError) as info:
+        fn()
+    message = str(info.value)
+    for pattern in patterns:
+        assert pattern in message, f"{pattern!r} not in error message:\n{message}"
+    return message
+
+
+# ---- presets ----------------------------------------------------------------------------------
+
+
+def test_all_presets_exist():
+    assert set(preset_names()) == EXPECTED_PRESETS
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_loads_and_is_named_after_its_file(name):
+    text = (RECIPES_DIR / f"{name}.yaml").read_text()
+    recipe = Recipe.from_yaml(text)
+    assert recipe.name == name
+    assert load_recipe(name) == recipe
+    assert load_recipe(str(RECIPES_DIR / f"{name}.yaml")) == recipe
+    assert recipe.description and "\n" not in recipe.description
+    # the file sets `name:` itself (not the schema default)
+    assert yaml.safe_load(text)["name"] == name
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_header_names_its_paper(name):
+    head = header(name)
+    assert len(head.splitlines()) >= 6, f"{name}.yaml needs a header comment block"
+    assert f"arXiv:{PAPERS[name]}" in head
+    assert re.search(r"\b20\d\d\b", head), "the header gives the paper's year"
+    assert "Settings that define it" in head
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_defining_settings(name):
+    recipe = load_recipe(name)
+    for path, expected in {**SMALL_RUN, **DEFINING[name]}.items():
+        actual = get(recipe, path)
+        if isinstance(expected, float):
+            assert actual == pytest.approx(expected, rel=1e-12, abs=0), path
+        else:
+            assert actual == expected, path
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_is_small_and_overridable(name):
+    recipe = load_recipe(name)
+    assert recipe.train.steps <= 50
+    assert recipe.batch_size == 32
+    tuned = load_recipe(name, ["train.steps=12", "optim.lr=0.003"])
+    assert (tuned.train.steps, tuned.optim.lr) == (12, 0.003)
+    assert tuned.algorithm == recipe.algorithm
+
+
+def test_preset_specific_consequences():
+    # GRPO needs the reference model (KL in the loss), so the KL stays out of the advantages.
+    grpo = load_recipe("grpo")
+    assert grpo.algorithm.uses_reference and grpo.advantage_config().kl_coef == 0.0
+    # Presets without KL load no reference model.
+    for name in ("dr_grpo", "dapo", "gspo", "cispo"):
+        assert not load_recipe(name).algorithm.uses_reference, name
+    # In-reward KL presets hand beta to the advantage estimator.
+    for name in ("rloo", "reinforce_pp", "ppo"):
+        recipe = load_recipe(name)
+        assert recipe.advantage_config().kl_coef == recipe.algorithm.kl_coef > 0, name
+    # Token-level estimators.
+    assert load_recipe("ppo").token_level and load_recipe("reinforce_pp").token_level
+    assert not load_recipe("grpo").token_level and not load_recipe("rloo").token_level
+    # CISPO's relative lower bound 1 - eps_low is 0: no lower bound in effect.
+    cispo = load_recipe("cispo").policy_loss_config()
+    assert 1.0 - cispo.eps_low <= 0.0 and cispo.eps_high == pytest.approx(0.28)
+    # PPO: batch 32 -> 2 minibatches of 16.
+    ppo = load_recipe("ppo")
+    assert ppo.batch_size % (ppo.train.minibatches * ppo.train.grad_accum) == 0
+
+
+def test_dr_grpo_differs_from_grpo_only_in_its_settings():
+    grpo, dr = load_recipe("grpo").algorithm, load_recipe("dr_grpo").algorithm
+    differ = {k for k in type(grpo).model_fields if getattr(grpo, k) != getattr(dr, k)}
+    assert differ == {"grpo_scale", "aggregation", "kl_coef"}
+
+
+# ---- YAML round trip --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_yaml_round_trip_is_exact(name):
+    recipe = load_recipe(name)
+    again = Recipe.from_yaml(recipe.to_yaml())
+    assert again == recipe
+    assert again.to_dict() == recipe.to_dict()
+    assert again.to_yaml() == recipe.to_yaml()
+    assert Recipe.from_dict(recipe.to_dict()) == recipe
+
+
+def test_round_trip_of_non_default_values():
+    recipe = Recipe.from_yaml(
+        """
+name: custom
+description: every kind of value
+reward_funcs: [correct, format]
+reward_weights: [1.0, 0.25]
+algorithm: {clip_c: 3.0, delta: null, opsm_delta: 0.5, adv_eps: 1.0e-4, eps_high: 4.0e-4}
+optim: {betas: [0.9, 0.95], max_grad_norm: null, critic_lr: 3.0e-4, schedule: cosine}
+logging: {log_with: [tensorboard]}
+"""
+    )
+    assert recipe.optim.betas == (0.9, 0.95) and recipe.optim.max_grad_norm is None
+    again = Recipe.from_yaml(recipe.to_yaml())
+    assert again == recipe and again.to_dict() == recipe.to_dict()
+
+
+def test_empty_yaml_is_the_default_recipe():
+    assert Recipe.from_yaml("") == Recipe()
+    assert Recipe().name == "grpo"
+
+
+def test_yaml_must_be_a_mapping():
+    raises("- a\n- b", "mapping", "list")
+
+
+# ---- overrides --------------------------------------------------------------------------------
+
+
+def test_with_overrides_applies_and_revalidates():
+    base = load_recipe("grpo")
+    new = base.with_overrides(["algorithm.kl_coef=0.1", "train.steps=5"])
+    assert new.algorithm.kl_coef == 0.1 and new.train.steps == 5
+    assert base.algorithm.kl_coef == 0.04 and base.train.steps == 30  # the original is untouched
+    assert new.with_overrides([]) == new
+    # values are parsed as YAML
+    assert base.with_overrides(["algorithm.clip_c=3"]).algorithm.clip_c == 3.0
+    assert base.with_overrides(["algorithm.mask_truncated=true"]).algorithm.mask_truncated is True
+    assert base.with_overrides(["algorithm.eps_high=4e-4"]).algorithm.eps_high == pytest.approx(4e-4)
+    assert base.with_overrides(["reward_weights=[2, 1]", "reward_funcs=[a, b]"]).reward_weights == [2.0, 1.0]
+    # re-validation: the override is checked like a YAML value, cross-field rules included
+    raises(lambda: base.with_overrides(["algorithm.kl_coef=-1"]), "algorithm.kl_coef=-1", "greater than or equal to 0")
+    raises(lambda: base.with_overrides(["algorithm.advantage=gae"]), "algorithm.critic=true")
+    ppo = load_recipe("ppo").with_overrides(["algorithm.lam=0.9"])
+    assert ppo.algorithm.lam == 0.9 and ppo.algorithm.critic
+
+
+def test_load_recipe_with_overrides():
+    recipe = load_recipe("dapo", ["algorithm.eps_high=0.3"])
+    assert recipe.algorithm.eps_high == 0.3 and recipe.name == "dapo"
+
+
+def test_unknown_set_key():
+    grpo = load_recipe("grpo")
+    raises(lambda: grpo.with_overrides(["algorithm.kl_cof=0.1"]), "algorithm.kl_cof", "unknown field", "kl_coef")
+    raises(lambda: grpo.with_overrides(["trian.steps=3"]), "'trian'", "not a section")
+    raises(lambda: grpo.with_overrides(["steps=3"]), "unknown field", "'steps'", "algorithm")
+    raises(lambda: grpo.with_overrides(["train.steps"]), "key=value")
+
+
+def test_unknown_preset_lists_presets():
+    raises(lambda: load_recipe("grpoo"), "'grpoo'", "grpo", "dapo", "cispo")
+
+
+# ---- errors name the field, the value and what is allowed -------------------------------------
+
+
+def test_unknown_advantage_estimator_lists_registered_names():
+    message = raises("algorithm: {advantage: ppo_gae}", "algorithm.advantage", "'ppo_gae'")
+    for name in ADVANTAGE_ESTIMATORS.names():
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    "text, patterns",
+    [
+        ("algorithm: {policy_loss: ppo}", ["algorithm.policy_loss", "'ppo'", "clip", "gspo", "cispo"]),
+        ("algorithm: {aggregation: mean}", ["algorithm.aggregation", "'mean'", "token-mean", "seq-mean-token-sum-norm"]),
+        ("algorithm: {kl_estimator: k4}", ["algorithm.kl_estimator", "'k4'", "k1", "k2", "k3"]),
+        ("algorithm: {kl_placement: both}", ["algorithm.kl_placement", "'both'", "in_loss", "in_reward"]),
+        ("algorithm: {grpo_scale: std}", ["algorithm.grpo_scale", "'std'", "group", "batch", "none"]),
+        ("algorithm: {cispo_bounds: hard}", ["algorithm.cispo_bounds", "'hard'", "relative", "absolute"]),
+        ("algorithm: {gspo_variant: seq}", ["algorithm.gspo_variant", "'seq'", "sequence", "token"]),
+        ("optim: {schedule: step}", ["optim.schedule", "'step'", "constant", "cosine"]),
+        ("algorithm: {gamma: 1.5}", ["algorithm.gamma=1.5", "less than or equal to 1"]),
+        ("sampling: {num_generations: 0}", ["sampling.num_generations=0", "greater than or equal to 1"]),
+    ],
+)
+def test_bad_choice_or_range(text, patterns):
+    raises(text, *patterns)
+
+
+def test_gae_without_critic():
+    raises("algorithm: {advantage: gae}", "algorithm.advantage='gae'", "algorithm.critic=true")
+
+
+def test_critic_without_gae():
+    raises("algorithm: {critic: true, advantage: rloo}", "algorithm.critic=true", "'gae'", "'rloo'")
+
+
+def test_batch_not_divisible_by_minibatches_times_grad_accum():
+    message = raises(
+        "sampling: {num_generations: 8, prompts_per_step: 4}\ntrain: {minibatches: 3, grad_accum: 2}",
+        "train.minibatches",
+        "train.grad_accum",
+        "= 32",
+        "= 6",
+    )
+    assert "divide" in message
+    # divisible: fine
+    assert Recipe.from_yaml("train: {minibatches: 4, grad_accum: 2}").batch_size == 32
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo", "reinforce_pp_baseline"])
+def test_group_baselines_need_two_generations(advantage):
+    raises(
+        f"algorithm: {{advantage: {advantage}}}\nsampling: {{num_generations: 1}}",
+        f"algorithm.advantage={advantage!r}",
+        "sampling.num_generations must be >= 2",
+    )
+
+
+def test_single_generation_is_fine_without_a_group_baseline():
+    recipe = Recipe.from_yaml("algorithm: {advantage: gae, critic: true}\nsampling: {num_generations: 1}")
+    assert recipe.batch_size == recipe.sampling.prompts_per_step
+
+
+def test_unknown_field_in_yaml_is_rejected():
+    raises("algorithm: {kl_coeff: 0.1}", "algorithm.kl_coeff=0.1", "unknown field", "kl_coef", "kl_estimator")
+    raises("stepz: 3", "stepz=3", "unknown field", "algorithm", "sampling", "train")
+    raises("train: {steps: 3, epochs: 2}", "train.epochs=2", "unknown field", "mu", "minibatches")
+
+
+def test_reward_weights_length_mismatch():
+    raises("reward_funcs: [correct, format]\nreward_weights: [1.0]", "reward_weights has 1", "reward_funcs has 2")
+    ok = Recipe.from_yaml("reward_funcs: [correct, format]\nreward_weights: [1.0, 0.5]")
+    assert ok.reward_weights == [1.0, 0.5]
+
+
+@pytest.mark.parametrize("field", ["clip_c", "delta"])
+def test_dual_clip_must_exceed_one_plus_eps_high(field):
+    raises(f"algorithm: {{{field}: 1.2, eps_high: 0.28}}", f"{field}=1.2", "1 + eps_high = 1.28")
+    raises(f"algorithm: {{{field}: 1.28, eps_high: 0.28}}", f"{field}=1.28")
+    assert get(Recipe.from_yaml(f"algorithm: {{{field}: 3.0, eps_high: 0.28}}"), f"algorithm.{field}") == 3.0
+
+
+def test_task_or_dataset_required():
+    raises("task: null", "task and dataset")
+    assert Recipe.from_yaml("task: null\ndataset: data.jsonl").dataset == "data.jsonl"
+
+
+def test_all_problems_reported_at_once():
+    message = raises("algorithm: {advantage: foo, kl_coef: -1}\ntrain: {steps: 0}", "algorithm.advantage", "algorithm.kl_coef", "train.steps")
+    assert message.count("\n") >= 3
+
+
+# ---- mapping to the core configs --------------------------------------------------------------
+
+
+def test_advantage_config_mapping():
+    recipe = Recipe.from_yaml(
+        """
+algorithm: {grpo_scale: batch, adv_eps: 1.0e-4, gamma: 0.99, lam: 0.9, whiten_advantages: true,
+            kl_coef: 0.07, kl_placement: in_reward}
+sampling: {num_generations: 4, prompts_per_step: 2}
+"""
+    )
+    assert recipe.advantage_config() == AdvantageConfig(
+        group_size=4, scale="batch", eps=1e-4, gamma=0.99, lam=0.9, kl_coef=0.07, whiten=True
+    )
+    # KL in the loss: the advantage estimator must not see it
+    in_loss = recipe.with_overrides(["algorithm.kl_placement=in_loss"])
+    assert in_loss.advantage_config().kl_coef == 0.0
+    assert in_loss.algorithm.kl_coef == 0.07 and in_loss.algorithm.uses_reference
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_group_size_is_num_generations(name):
+    recipe = load_recipe(name, ["sampling.num_generations=4"])
+    assert recipe.advantage_config().group_size == 4
+    assert isinstance(recipe.advantage_config(), AdvantageConfig)
+
+
+def test_policy_loss_config_mapping():
+    recipe = Recipe.from_yaml(
+        """
+algorithm: {eps_low: 0.1, eps_high: 0.3, clip_c: 3.0, delta: 4.0, gspo_variant: token,
+            cispo_bounds: absolute, reinforce_form: ratio}
+"""
+    )
+    assert recipe.policy_loss_config() == PolicyLossConfig(
+        eps_low=0.1, eps_high=0.3, clip_c=3.0, delta=4.0, gspo_variant="token", cispo_bounds="absolute", reinforce_form="ratio"
+    )
+    gspo = load_recipe("gspo").policy_loss_config()
+    assert (gspo.eps_low, gspo.eps_high, gspo.gspo_variant) == (3e-4, 4e-4, "sequence")
+    dapo = load_recipe("dapo").policy_loss_config()
+    assert (dapo.eps_low, dapo.eps_high, dapo.clip_c, dapo.delta) == (0.2, 0.28, None, None)

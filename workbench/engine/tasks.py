@@ -1,0 +1,279 @@
+"""Built-in tasks with verifiable rewards, and loading of custom prompt datasets.
+
+A task is a prompt generator plus the reward functions that score completions of its prompts.
+Every row a task generates has a ``prompt`` key, the columns its reward functions read
+(``answer``, ``target``, ``letter``) and a ``reference`` column: one correct completion, used
+for the built-in tiny model's supervised warm-up (``tiny.py``) and shown as the expected answer.
+
+Custom datasets (JSONL, CSV, or a ``datasets`` directory saved with ``save_to_disk``) need a
+``prompt`` column; every other column is passed to the reward functions as a keyword argument.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.engine.rewards import RewardFn, load_reward_function
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A built-in task: prompts + verifiable rewards.
+
+    Attributes:
+        name: registry key (``arithmetic``).
+        description: one line for the UI.
+        reward_funcs: built-in reward names or ``package.module:function`` references.
+        reward_weights: one weight per reward function.
+        default_max_completion_length: tokens; enough for a correct answer plus EOS, with room.
+        make_dataset: ``(n, seed) -> n rows``, deterministic in ``seed``.
+    """
+
+    name: str
+    description: str
+    reward_funcs: tuple[str, ...]
+    reward_weights: tuple[float, ...]
+    default_max_completion_length: int
+    make_dataset: Callable[[int, int], list[Row]]
+
+    def __post_init__(self) -> None:
+        if len(self.reward_funcs) != len(self.reward_weights):
+            raise ValueError(
+                f"task {self.name!r}: {len(self.reward_funcs)} reward functions but "
+                f"{len(self.reward_weights)} weights"
+            )
+
+    def reward_functions(self) -> list[RewardFn]:
+        """The task's reward functions, resolved (same order as ``reward_weights``)."""
+        return [load_reward_function(ref) for ref in self.reward_funcs]
+
+
+# --------------------------------------------------------------------------------------------
+# Generators (pure: a seeded random.Random, no global state)
+# --------------------------------------------------------------------------------------------
+
+ARITHMETIC_MAX_OPERAND = 10
+ARITHMETIC_OPS: dict[str, Callable[[int, int], int]] = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
+
+REVERSE_ALPHABET = "abcde"
+REVERSE_LENGTHS = (3, 6)  # inclusive
+
+PROBE_MAX_TAIL = 8  # reference completions: the letter + 0..8 free letters
+
+
+def arithmetic_rows(n: int, seed: int) -> list[Row]:
+    """Arithmetic: ``"7+5="`` -> ``"12"`` then EOS (operands 0-10, ``+`` and ``-``).
+
+    Teaches exact, verifiable answers: ``exact_match`` pays only the right number with nothing
+    after it (so the model must also learn to stop), and a small ``format`` reward pays any
+    integer, giving a partial signal while most answers are still wrong. Answers range over
+    -10..20 (242 distinct problems). Operands stop at 10 because a ~20 s CPU warm-up of the
+    tiny model reaches only ~5% accuracy on 0-20 but ~20-25% on 0-10: partly right, so the
+    reward starts non-zero and RL has room to improve within a short CPU run.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, ARITHMETIC_MAX_OPERAND), rng.randint(0, ARITHMETIC_MAX_OPERAND)
+        op = rng.choice(sorted(ARITHMETIC_OPS))
+        answer = str(ARITHMETIC_OPS[op](a, b))
+        rows.append({"prompt": f"{a}{op}{b}=", "answer": answer, "reference": answer})
+    return rows
+
+
+def reverse_rows(n: int, seed: int) -> list[Row]:
+    """Reverse: ``"rev:abcd="`` -> ``"dcba"`` (3-6 letters from ``abcde``).
+
+    Teaches with a dense, graded reward: ``position_match`` pays the fraction of positions
+    right, so every extra correct character is rewarded. A model that only emits letters of
+    the right length already scores about 1/5 per position (5-letter alphabet), leaving a long,
+    smooth climb to 1.0 instead of the all-or-nothing signal of ``arithmetic``.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        word = "".join(rng.choice(REVERSE_ALPHABET) for _ in range(rng.randint(*REVERSE_LENGTHS)))
+        rows.append({"prompt": f"rev:{word}=", "target": word[::-1], "reference": word[::-1]})
+    return rows
+
+
+def length_probe_rows(n: int, seed: int) -> list[Row]:
+    """Length probe: ``"word:k="`` -> any completion whose first character is ``k``.
+
+    Teaches nothing useful on purpose: it isolates the effect of loss aggregation on length.
+    ``first_char`` pays 1.0 for the right first letter regardless of what follows, so no
+    length is preferred by the reward and any drift in ``completions/mean_length`` comes from
+    the optimiser. With ``seq-mean-token-mean`` (GRPO) each sequence's loss is divided by its
+    own length: a long wrong completion gets a smaller per-token penalty than a short one, and a
+    short right one a bigger per-token push, so lengths drift (long when most samples are
+    wrong). ``token-mean`` (DAPO) weighs every token equally and ``seq-mean-token-sum-norm``
+    (Dr. GRPO, constant normaliser) removes the per-sequence 1/|o| factor, so lengths stay put.
+    The reference completions used for warm-up have random lengths (1-9 letters) so the model
+    starts with a spread of lengths for the aggregation to act on.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        letter = rng.choice(string.ascii_lowercase)
+        tail = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(0, PROBE_MAX_TAIL)))
+        rows.append({"prompt": f"word:{letter}=", "letter": letter, "reference": letter + tail})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add ``task`` to the registry (names are unique)."""
+    if task.name in TASKS:
+        raise ValueError(f"task {task.name!r} is already registered")
+    TASKS[task.name] = task
+    return task
+
+
+register_task(
+    Task(
+        name="arithmetic",
+        description="Add or subtract two numbers 0-10 ('7+5=' -> '12'); exact match + a small format reward.",
+        reward_funcs=("exact_match", "format"),
+        reward_weights=(1.0, 0.2),
+        default_max_completion_length=8,
+        make_dataset=arithmetic_rows,
+    )
+)
+register_task(
+    Task(
+        name="reverse",
+        description="Reverse 3-6 letters ('rev:abcd=' -> 'dcba'); dense reward = fraction of positions right.",
+        reward_funcs=("position_match",),
+        reward_weights=(1.0,),
+        default_max_completion_length=10,
+        make_dataset=reverse_rows,
+    )
+)
+register_task(
+    Task(
+        name="length_probe",
+        description="Start with the given letter ('word:k=' -> 'k...'); reward ignores length, "
+        "so loss aggregation alone moves completion length.",
+        reward_funcs=("first_char",),
+        reward_weights=(1.0,),
+        default_max_completion_length=24,
+        make_dataset=length_probe_rows,
+    )
+)
+
+
+def get_task(name: str) -> Task:
+    """The registered task ``name``; ValueError listing the registered names otherwise."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Custom datasets
+# --------------------------------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    """One JSON object per non-blank line."""
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"dataset {str(path)!r}: line {line_no} is not valid JSON ({exc})") from exc
+            if not isinstance(row, dict):
+                raise ValueError(f"dataset {str(path)!r}: line {line_no} is not a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[Row]:
+    """A JSON array of objects."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise ValueError(f"dataset {str(path)!r}: expected a JSON array of objects")
+    return data
+
+
+def _read_csv(path: Path) -> list[Row]:
+    """CSV with a header row; values stay strings (reward functions compare ``str(...)``)."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        return [dict(row) for row in csv.DictReader(handle)]
+
+
+_FILE_READERS: dict[str, Callable[[Path], list[Row]]] = {
+    ".jsonl": _read_jsonl,
+    ".json": _read_json,
+    ".csv": _read_csv,
+}
+
+
+def _read_saved_dataset(path: Path, split: str) -> list[Row]:
+    """A directory written by ``datasets``' ``save_to_disk`` (Dataset or DatasetDict)."""
+    try:
+        import datasets  # optional dependency
+    except ImportError as exc:
+        raise ValueError(
+            f"dataset {str(path)!r} is a directory, which needs the 'datasets' package "
+            "(pip install datasets); or use a .jsonl / .csv file"
+        ) from exc
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise ValueError(f"dataset {str(path)!r} has no split {split!r}; splits: {sorted(loaded)}")
+        loaded = loaded[split]
+    return [dict(row) for row in loaded]
+
+
+def load_dataset_rows(source: str, *, split: str = "train", limit: int | None = None) -> list[Row]:
+    """Rows of a custom prompt dataset: ``.jsonl``, ``.json``, ``.csv`` or a saved ``datasets`` dir.
+
+    Every row must have a ``prompt``; other columns pass through to the reward functions.
+    ``split`` selects the split of a saved DatasetDict; ``limit`` keeps the first rows.
+    Raises ValueError naming ``source`` when it is missing, of an unknown kind, empty, or a row
+    lacks ``prompt``.
+    """
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ValueError(f"dataset {source!r} does not exist")
+    if path.is_dir():
+        rows = _read_saved_dataset(path, split)
+    else:
+        reader = _FILE_READERS.get(path.suffix.lower())
+        if reader is None:
+            raise ValueError(
+                f"dataset {source!r}: unsupported file type {path.suffix!r}; "
+                f"use one of {', '.join(sorted(_FILE_READERS))} or a saved datasets directory"
+            )
+        rows = reader(path)
+    if limit is not None:
+        rows = rows[: max(0, int(limit))]
+    if not rows:
+        raise ValueError(f"dataset {source!r} has no rows")
+    for index, row in enumerate(rows):
+        if "prompt" not in row:
+            raise ValueError(
+                f"dataset {source!r}: row {index} has no 'prompt' column (columns: {sorted(row)}); "
+                "a 'prompt' column is required"
+            )
+    return rows
