@@ -9,10 +9,10 @@ fails with an error naming the field, the value and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from workbench.core import (
     ADVANTAGE_ESTIMATORS,
@@ -43,6 +43,20 @@ def _one_of(field: str, value: str, allowed) -> str:
     if value not in allowed:
         raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
     return value
+
+
+# Algorithm fields whose values are names from a core registry or option list.
+_NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
+    "advantage": ADVANTAGE_ESTIMATORS.names,
+    "policy_loss": POLICY_LOSSES.names,
+    "aggregation": LOSS_AGGREGATIONS.names,
+    "kl_estimator": KL_ESTIMATORS.names,
+    "kl_placement": lambda: KL_PLACEMENTS,
+    "grpo_scale": lambda: GRPO_SCALES,
+    "gspo_variant": lambda: GSPO_VARIANTS,
+    "cispo_bounds": lambda: CISPO_BOUNDS,
+    "reinforce_form": lambda: REINFORCE_FORMS,
+}
 
 
 class Algorithm(_Section):
@@ -97,50 +111,11 @@ class Algorithm(_Section):
     vf_coef: float = Field(0.5, ge=0)
     """Weight of the value loss (the critic has its own optimiser; this scales its loss)."""
 
-    @field_validator("advantage")
+    @field_validator(*[name for name in _NAMED_CHOICES])
     @classmethod
-    def _adv(cls, v):
-        return _one_of("algorithm.advantage", v, ADVANTAGE_ESTIMATORS.names())
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _loss(cls, v):
-        return _one_of("algorithm.policy_loss", v, POLICY_LOSSES.names())
-
-    @field_validator("aggregation")
-    @classmethod
-    def _agg(cls, v):
-        return _one_of("algorithm.aggregation", v, LOSS_AGGREGATIONS.names())
-
-    @field_validator("kl_estimator")
-    @classmethod
-    def _kl(cls, v):
-        return _one_of("algorithm.kl_estimator", v, KL_ESTIMATORS.names())
-
-    @field_validator("kl_placement")
-    @classmethod
-    def _placement(cls, v):
-        return _one_of("algorithm.kl_placement", v, KL_PLACEMENTS)
-
-    @field_validator("grpo_scale")
-    @classmethod
-    def _scale(cls, v):
-        return _one_of("algorithm.grpo_scale", v, GRPO_SCALES)
-
-    @field_validator("gspo_variant")
-    @classmethod
-    def _gspo(cls, v):
-        return _one_of("algorithm.gspo_variant", v, GSPO_VARIANTS)
-
-    @field_validator("cispo_bounds")
-    @classmethod
-    def _cispo(cls, v):
-        return _one_of("algorithm.cispo_bounds", v, CISPO_BOUNDS)
-
-    @field_validator("reinforce_form")
-    @classmethod
-    def _reinforce(cls, v):
-        return _one_of("algorithm.reinforce_form", v, REINFORCE_FORMS)
+    def _registered_name(cls, value: str, info: ValidationInfo) -> str:
+        """Named options must be registered in workbench.core (the registry is the source of truth)."""
+        return _one_of(f"algorithm.{info.field_name}", value, _NAMED_CHOICES[info.field_name]())
 
     @model_validator(mode="after")
     def _cross(self):
