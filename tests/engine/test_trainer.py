@@ -59,10 +59,6 @@ def test_preset_learns_and_logs_every_metric(preset_runs, name):
         assert "loss/value" in ms[-1]
 
 
-def test_every_preset_has_a_run():
-    assert set(preset_names()) == {"cispo", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "rloo"}
-
-
 @pytest.mark.parametrize("name", ["cispo", "dapo", "dr_grpo", "gspo"])
 def test_no_kl_means_zero_kl_and_no_reference_model(preset_runs, name):
     trainer, run_dir, _ = preset_runs[name]

@@ -29,7 +29,10 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
 
 def logprobs_and_entropy(model, batch, temperature: float, with_entropy: bool = True, entropy_grad: bool = False):
     """Per-token log pi(token) (B, T) and entropy (B, T) (None if not asked; differentiable only
-    with ``entropy_grad``, for an entropy bonus). Padding positions hold finite values."""
+    with ``entropy_grad``, for an entropy bonus). Padding positions hold finite values.
+
+    ``batch``: anything with prompt_ids, prompt_mask, completion_ids, completion_mask (a Rollout
+    or a StepBatch)."""
     logits = completion_logits(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     logp = logprobs_from_logits(logits, batch.completion_ids, temperature)
     entropy = None

@@ -40,6 +40,11 @@ def completion_mask_from_ids(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tens
     return (positions <= first_eos[:, None]).float(), ~has_eos
 
 
+def valid_token_lists(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """(B, T) ids and mask -> B lists of the valid token ids (TRL's ``completion_ids``)."""
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+
 def _pad_right(ids: torch.Tensor, length: int, pad_id: int) -> torch.Tensor:
     if ids.shape[1] >= length:
         return ids[:, :length]
@@ -76,7 +81,7 @@ def hf_generate(model, tokenizer, prompts: list[str], *, temperature: float, top
     logits = torch.stack(out.logits, dim=1)  # (B, T', V) raw logits of each generated position
     logp = logprobs_from_logits(logits, completion_ids[:, : logits.shape[1]], temperature)
     logp = _pad_right(logp, max_new_tokens, 0) * mask
-    texts = tokenizer.batch_decode(completion_ids * mask.long() + tokenizer.pad_token_id * (1 - mask.long()), skip_special_tokens=True)
+    texts = tokenizer.batch_decode(valid_token_lists(completion_ids, mask), skip_special_tokens=True)
     return Rollout(input_ids, attention_mask, completion_ids, mask.to(device), truncated, logp, texts)
 
 

@@ -13,6 +13,7 @@ Runs under ``accelerate launch`` (data parallel over ranks; on CPU ``--multi_gpu
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import signal
@@ -24,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 from accelerate import Accelerator
+from tqdm import tqdm
 from transformers import get_scheduler
 
 from workbench.core import (
@@ -44,7 +46,7 @@ from workbench.core import (
 from workbench.engine.events import EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function
-from workbench.engine.rollout import ROLLOUT_BACKENDS
+from workbench.engine.rollout import ROLLOUT_BACKENDS, valid_token_lists
 from workbench.engine.tasks import get_task, load_dataset_rows
 from workbench.engine.tiny import load_model_and_tokenizer
 from workbench.recipe import Recipe
@@ -52,6 +54,7 @@ from workbench.recipe import Recipe
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 TASK_DATASET_SIZE = 2048
+ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
 
 
 class Cancelled(Exception):
@@ -198,7 +201,7 @@ class Trainer:
         return rows, out
 
     def score(self, rows, out, step: int):
-        ids = [row[m.bool()].tolist() for row, m in zip(out.completion_ids, out.completion_mask)]
+        ids = valid_token_lists(out.completion_ids, out.completion_mask)
         columns = {k: [row.get(k) for row in rows] for k in rows[0] if k != "prompt"}
         total, per_fn = compute_rewards(
             self.reward_funcs, self.reward_weights, [row["prompt"] for row in rows], out.completions, ids, columns,
@@ -212,10 +215,9 @@ class Trainer:
         r, acc = self.recipe, self.accelerator
         a = r.algorithm
         mask = out.completion_mask
-        probe = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, mask, mask, mask, None, None, None)
         single_pass = r.train.mu == 1 and r.train.minibatches == 1
-        old_logp = None if single_pass else logprobs_and_entropy(self.policy, probe, r.sampling.temperature, False)[0]
-        ref_logp = logprobs_and_entropy(self.reference, probe, r.sampling.temperature, False)[0] if self.reference is not None else None
+        old_logp = None if single_pass else logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0]
+        ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
         behaviour = old_logp if old_logp is not None else out.rollout_logp
         kl = kl_per_token(a.kl_estimator, behaviour, ref_logp, mask) if ref_logp is not None else None
@@ -292,11 +294,10 @@ class Trainer:
                     if first_logp is None and single_pass:
                         first_logp = logp
                 grad_norms.append(float(self._step_optimisers()))
-        metrics = {k: v / count for k, v in sums.items()}
-        # loss/* were scaled by world for DDP; the per-micro sums add up to one minibatch loss
-        for k in ("loss/policy", "loss/value"):
-            if k in metrics:
-                metrics[k] = metrics[k] * count / (r.train.mu * r.train.minibatches)
+        # losses of the micro-batches add up to their minibatch's loss: average per optimiser
+        # update; every other metric is a rate: average per micro-batch
+        updates = r.train.mu * r.train.minibatches
+        metrics = {k: v / (updates if k in ADDITIVE_METRICS else count) for k, v in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics, last, first_logp
@@ -405,7 +406,7 @@ class Trainer:
                 self.events.emit("status", 0, status="starting", world_size=self.world, recipe=r.name)
                 self.setup()
                 self.events.emit("status", 0, status="running")
-                bar = _progress(r.train.steps, self.progress and self.accelerator.is_main_process)
+                bar = tqdm(total=r.train.steps, desc="train", unit="step", disable=not (self.progress and self.accelerator.is_main_process))
                 for step in range(r.train.steps):
                     m = self.step(step)
                     bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.3f}")
@@ -428,32 +429,11 @@ class Trainer:
 
 def parameter_digest(model: torch.nn.Module) -> str:
     """SHA-256 of all parameters' bytes: equal on every rank iff data parallelism kept them in sync."""
-    import hashlib
-
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-class _NoBar:
-    def set_postfix(self, **kw):
-        pass
-
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="train", unit="step")
 
 
 def train(recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False) -> str:
