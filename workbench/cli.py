@@ -3,6 +3,8 @@
     train RECIPE [--set key=value ...] [--run-dir DIR] [--stdout-events]
     recipes list | recipes show NAME
     model build tiny
+    launch / runs / collect   (workbench/runs/cli.py)
+    export                    (workbench/export/cli.py)
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("action", choices=["build"])
     m.add_argument("name", choices=["tiny"])
     m.set_defaults(func=_cmd_model)
+    from workbench.runs.cli import add_run_parsers
+
+    add_run_parsers(sub)
     return parser
 
 

@@ -1,0 +1,136 @@
+"""The run store on a real SQLite file: idempotent ingest, status rules, concurrent writers, queries."""
+
+import json
+import multiprocessing as mp
+import sqlite3
+
+import pytest
+
+from workbench.runs import RunError, RunStore
+
+
+def _make(store, run_id="r1", **kw):
+    args = dict(run_id=run_id, name="grpo", algorithm="grpo", recipe_yaml="name: grpo\n", total_steps=10,
+                target="local", launcher="local", host="localhost", created_by="ann", run_dir="/tmp/x")
+    args.update(kw)
+    return store.create_run(**args)
+
+
+def _metrics(step, reward):
+    return {"kind": "metrics", "step": step, "time": 100.0 + step, "metrics": {"reward": reward, "kl": 0.0}}
+
+
+def test_file_is_wal_and_run_round_trips(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store, tags=["a", "b"], group="g1", notes="n")
+    mode = sqlite3.connect(tmp_path / "runs.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    run = store.get_run("r1")
+    assert (run["status"], run["tags"], run["group"], run["notes"], run["last_step"]) == ("queued", ["a", "b"], "g1", "n", -1)
+    frame = store.list_runs(group="g1")
+    assert list(frame.id) == ["r1"] and frame.loc[0, "created_by"] == "ann"
+    assert store.list_runs(tag="zzz").empty
+
+
+def test_ingest_is_idempotent_by_run_step_kind(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    events = [_metrics(0, 0.25), _metrics(1, 0.5),
+              {"kind": "samples", "step": 1, "time": 1.0, "samples": [{"prompt": "1+1=", "completion": "2", "reward": 1.0,
+                                                                       "advantage": 0.5, "length": 1, "truncated": False}]}]
+    assert store.ingest("r1", events) == 3
+    assert store.ingest("r1", events) == 0  # replay adds nothing
+    frame = store.metrics(["r1"])
+    assert frame.step.tolist() == [0, 1] and frame.reward.tolist() == [0.25, 0.5]
+    assert frame.time.tolist() == [100.0, 101.0]
+    run = store.get_run("r1")
+    assert (run["last_step"], run["reward"]) == (1, 0.5)
+    samples = store.samples("r1")
+    assert samples.completion.tolist() == ["2"] and samples.advantage.tolist() == [0.5]
+
+
+def test_offset_compare_and_set_rejects_a_stale_reader(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    assert store.ingest("r1", [_metrics(0, 0.1)], offset=(0, 50)) == 1
+    # a second collector that read the same bytes from offset 0 loses the race: nothing applied
+    assert store.ingest("r1", [_metrics(0, 0.1), _metrics(1, 0.2)], offset=(0, 100)) == 0
+    assert store.get_run("r1")["events_offset"] == 50
+    assert store.metrics(["r1"]).step.tolist() == [0]
+
+
+def test_status_only_moves_forward(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    status = lambda s, **kw: {"kind": "status", "step": 0, "time": 5.0, "status": s, **kw}  # noqa: E731
+    store.ingest("r1", [status("starting"), status("running"), status("failed", error="ValueError: boom")])
+    store.ingest("r1", [status("running")])  # a replayed older line
+    run = store.get_run("r1")
+    assert (run["status"], run["error"], run["ended_at"]) == ("failed", "ValueError: boom", 5.0)
+    _make(store, run_id="r2")
+    store.set_status("r2", "lost", error="gone")
+    store.ingest("r2", [status("finished")])  # late events overturn 'lost'
+    assert store.get_run("r2")["status"] == "finished"
+    with pytest.raises(RunError, match="status='weird' is not allowed"):
+        store.set_status("r2", "weird")
+
+
+def test_diagnostics_and_lens_rows(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    diag = {"kind": "diagnostics", "step": 2, "time": 1.0, "ratio": [[1.0, 1.2]], "region": [[0, 1]], "region_names": ["trust"]}
+    lens = {"kind": "diagnostics", "step": 2, "time": 1.0, "lens": {"cosine": {"grpo": 1.0}}}
+    assert store.ingest("r1", [diag, lens]) == 2
+    assert store.diagnostic_steps("r1") == [2]
+    assert store.diagnostics("r1", 2)["ratio"] == [[1.0, 1.2]]
+    assert store.lens("r1") == [{"step": 2, "cosine": {"grpo": 1.0}}]
+    with pytest.raises(RunError, match=r"no diagnostics at step=3; steps with diagnostics: \[2\]"):
+        store.diagnostics("r1", 3)
+
+
+def test_unknown_run_and_delete(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    with pytest.raises(RunError, match="run id='nope' does not exist"):
+        store.get_run("nope")
+    _make(store)
+    store.ingest("r1", [_metrics(0, 1.0)])
+    store.delete("r1")
+    assert store.list_runs().empty and store.metrics(["r1"]).empty
+
+
+def test_rename_and_tags_are_validated(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    store.rename("r1", "grpo-lr3e-4")
+    store.set_tags("r1", ["baseline", "cpu"])
+    assert (store.get_run("r1")["name"], store.get_run("r1")["tags"]) == ("grpo-lr3e-4", ["baseline", "cpu"])
+    for bad in ("../etc", "a;rm -rf ~", "$(id)", "", "x" * 65):
+        with pytest.raises(ValueError, match="is not allowed"):
+            store.rename("r1", bad)
+        with pytest.raises(ValueError, match="tag=.* is not allowed"):
+            store.set_tags("r1", [bad])
+    assert store.get_run("r1")["name"] == "grpo-lr3e-4"
+
+
+def _writer(path, run_id, steps):
+    store = RunStore(path)
+    for step in range(steps):
+        store.ingest(run_id, [_metrics(step, step / steps)])
+
+
+def test_concurrent_writer_processes(tmp_path):
+    """Eight processes ingest into one file at once: every row lands, none twice, no 'database is locked'."""
+    path = tmp_path / "runs.db"
+    store = RunStore(path)
+    ids = [f"run{i}" for i in range(8)]
+    for run_id in ids:
+        _make(store, run_id=run_id)
+    procs = [mp.get_context("spawn").Process(target=_writer, args=(path, run_id, 40)) for run_id in ids]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 8
+    frame = store.metrics(ids)
+    assert len(frame) == 8 * 40 and not frame.duplicated(["run_id", "step"]).any()
+    assert json.loads(json.dumps(store.get_run("run3")["last_step"])) == 39

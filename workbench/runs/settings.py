@@ -1,0 +1,149 @@
+"""Workbench settings (SSH hosts, SLURM defaults, concurrency slots), one YAML file under the home.
+
+Nothing secret lives here: SSH authentication uses the user's own keys and known_hosts files,
+referenced by path. ``setup`` lines of SSH hosts are shell set-up run as-is on that host (e.g.
+``source ~/venv/bin/activate``): they are written by whoever administers the settings file, never
+taken from a launch form.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from workbench.home import workbench_home
+
+SETTINGS_FILE = "settings.yaml"
+_HOST_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_USER_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class SettingsError(ValueError):
+    """Invalid settings (the message names the field, the value and what is allowed)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class SSHHost(_Strict):
+    """A remote GPU host reached with the system ``ssh`` client."""
+
+    hostname: str
+    """DNS name or IP address (letters, digits, '.', '-', '_')."""
+    user: str | None = None
+    """Remote user (default: ssh's own default)."""
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: str | None = None
+    """Private key path on this machine (default: ssh-agent / ~/.ssh)."""
+    known_hosts: str | None = None
+    """known_hosts file to trust (default: ~/.ssh/known_hosts)."""
+    workdir: str = "~/.workbench"
+    """Remote workbench home; runs go to WORKDIR/runs/RUN_ID."""
+    python: str = "python3"
+    """Python on the remote host that has the workbench installed."""
+    setup: str = ""
+    """Shell line run before training on the host (activate an environment); admin-written."""
+    strict_host_key_checking: bool = True
+    """Refuse hosts whose key is not already in known_hosts (never auto-accept unless turned off)."""
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, value: str) -> str:
+        if not _HOST_PATTERN.match(value):
+            raise ValueError(f"hostname={value!r} is not allowed; use letters, digits, '.', '-', '_'")
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        if value is not None and not _USER_PATTERN.match(value):
+            raise ValueError(f"user={value!r} is not allowed; use a POSIX user name ([A-Za-z_][A-Za-z0-9._-]*)")
+        return value
+
+    @field_validator("workdir", "python")
+    @classmethod
+    def _no_newlines(cls, value: str, info) -> str:
+        if not value or any(c in value for c in "\n\r\0"):
+            raise ValueError(f"{info.field_name}={value!r} is not allowed; a non-empty single-line path")
+        return value
+
+
+class SlurmDefaults(_Strict):
+    """Defaults for sbatch scripts and the slurm launcher."""
+
+    partition: str = ""
+    """Partition (empty: leave a placeholder / the cluster default)."""
+    account: str = ""
+    """Account to charge (empty: placeholder / default)."""
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(1, ge=0)
+    time: str = "01:00:00"
+    """Wall-clock limit, HH:MM:SS or D-HH:MM:SS."""
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        if not re.match(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$", value):
+            raise ValueError(f"time={value!r} is not allowed; use HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, value: str, info) -> str:
+        if value and not _NAME_PATTERN.match(value):
+            raise ValueError(f"{info.field_name}={value!r} is not allowed; use letters, digits, '.', '-', '_'")
+        return value
+
+
+class Settings(_Strict):
+    """Everything the workbench remembers between sessions."""
+
+    ssh_hosts: dict[str, SSHHost] = Field(default_factory=dict)
+    """Named SSH hosts; launch with target 'ssh://NAME'."""
+    slurm: SlurmDefaults = Field(default_factory=SlurmDefaults)
+    cpu_slots: int = Field(3, ge=1)
+    """Concurrent local CPU runs (1 thread each); more wait in the queue. 3 fits the quick comparison."""
+    gpu_slots: int | None = Field(None, ge=0)
+    """Concurrent local GPU runs (None: one per visible device)."""
+
+    @field_validator("ssh_hosts")
+    @classmethod
+    def _host_names(cls, value: dict) -> dict:
+        for name in value:
+            if not _NAME_PATTERN.match(name):
+                raise ValueError(f"ssh host name {name!r} is not allowed; use letters, digits, '.', '-', '_'")
+        return value
+
+
+def settings_path(home: Path | None = None) -> Path:
+    return (home or workbench_home()) / SETTINGS_FILE
+
+
+def load_settings(home: Path | None = None) -> Settings:
+    """Settings from the home's settings.yaml (defaults when there is none)."""
+    path = settings_path(home)
+    if not path.exists():
+        return Settings()
+    try:
+        return Settings.model_validate(yaml.safe_load(path.read_text()) or {})
+    except ValidationError as err:
+        from workbench.recipe import format_validation_error
+
+        message = format_validation_error(err, Settings).replace("invalid recipe:", "invalid settings:", 1)
+        raise SettingsError(f"{path}: {message}") from None
+
+
+def save_settings(settings: Settings, home: Path | None = None) -> Path:
+    """Write atomically (a crash mid-write keeps the old file)."""
+    path = settings_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
+    os.replace(tmp, path)
+    return path

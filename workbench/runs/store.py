@@ -1,0 +1,309 @@
+"""The run store: one SQLite file (WAL) under the workbench home.
+
+Tables: ``runs`` (one row per run, with its recipe, status, launcher handle and how far its event
+stream has been ingested), ``metrics`` / ``samples`` / ``diagnostics`` (one row per (run, step),
+payload as JSON). Ingest is idempotent by (run, step, kind): rows are keyed by it and the byte
+offset of the event stream advances in the same transaction as the rows it covers, so a restarted
+or duplicated collector neither loses nor repeats a step.
+
+Every call opens its own short-lived connection: Streamlit serves each browser session from its
+own thread, and several collectors (app, CLI) may write at once; WAL lets readers run beside one
+writer and ``busy_timeout`` queues writers.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+from workbench.home import workbench_home
+
+STORE_FILE = "runs.db"
+ACTIVE_STATUSES = ("queued", "starting", "running")
+TERMINAL_STATUSES = ("finished", "failed", "cancelled", "lost")
+STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
+PAYLOAD_KINDS = ("metrics", "samples", "diagnostics")  # kinds stored one row per (run, step)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    status TEXT NOT NULL,
+    target TEXT NOT NULL,
+    launcher TEXT NOT NULL,
+    host TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    grp TEXT,
+    tags TEXT NOT NULL DEFAULT '[]',
+    notes TEXT NOT NULL DEFAULT '',
+    recipe TEXT NOT NULL,
+    run_dir TEXT NOT NULL,
+    launch TEXT NOT NULL DEFAULT '{}',
+    handle TEXT NOT NULL DEFAULT '{}',
+    events_offset INTEGER NOT NULL DEFAULT 0,
+    last_step INTEGER NOT NULL DEFAULT -1,
+    total_steps INTEGER NOT NULL,
+    reward REAL,
+    error TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
+CREATE INDEX IF NOT EXISTS runs_grp ON runs(grp);
+CREATE TABLE IF NOT EXISTS metrics (run_id TEXT, step INTEGER, time REAL, data TEXT,
+    PRIMARY KEY (run_id, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS samples (run_id TEXT, step INTEGER, time REAL, data TEXT,
+    PRIMARY KEY (run_id, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS diagnostics (run_id TEXT, step INTEGER, time REAL, data TEXT,
+    PRIMARY KEY (run_id, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lens (run_id TEXT, step INTEGER, time REAL, data TEXT,
+    PRIMARY KEY (run_id, step)) WITHOUT ROWID;
+"""
+_JSON_COLUMNS = ("tags", "launch", "handle")
+RUN_COLUMNS = ["id", "name", "algorithm", "status", "target", "launcher", "host", "created_by", "created_at",
+               "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
+               "error", "run_dir"]
+
+
+class RunError(ValueError):
+    """A run that does not exist, or a request about a run that is not allowed (message says why)."""
+
+
+def _status_rank(status: str) -> int:
+    """Status only moves forward (queued < starting < running < terminal), so replayed events never
+    turn a finished run back into a running one. ``lost`` may still be overturned by late events."""
+    return {"queued": 0, "starting": 1, "running": 2, "lost": 3}.get(status, 4)
+
+
+class RunStore:
+    """All runs of one workbench home (``RunStore(path)`` for another file)."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else workbench_home() / STORE_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+
+    # -- connections ---------------------------------------------------------------------------
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA busy_timeout=30000")
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+        try:
+            yield db
+        finally:
+            db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE takes the write lock up front: no upgrade deadlock)."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    # -- runs ----------------------------------------------------------------------------------
+    def create_run(self, *, run_id: str, name: str, algorithm: str, recipe_yaml: str, total_steps: int,
+                   target: str, launcher: str, host: str, created_by: str, run_dir: str, group: str | None = None,
+                   tags: Iterable[str] = (), notes: str = "", launch: dict | None = None) -> str:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO runs (id, name, algorithm, status, target, launcher, host, created_by, created_at,"
+                " grp, tags, notes, recipe, run_dir, launch, total_steps) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, name, algorithm, "queued", target, launcher, host, created_by, time.time(), group,
+                 json.dumps(list(tags)), notes, recipe_yaml, run_dir, json.dumps(launch or {}), total_steps))
+        return run_id
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """The run's row as a dict (``group``, parsed ``tags`` / ``handle`` / ``launch``)."""
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunError(f"run id={run_id!r} does not exist; `python -m workbench runs list` shows the runs")
+        return _run_dict(row)
+
+    def runs(self, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Rows as dicts, oldest first (optionally only some statuses)."""
+        query, args = "SELECT * FROM runs", ()
+        if statuses is not None:
+            statuses = tuple(statuses)
+            query += f" WHERE status IN ({','.join('?' * len(statuses))})"
+            args = statuses
+        with self._connect() as db:
+            return [_run_dict(r) for r in db.execute(query + " ORDER BY created_at, id", args)]
+
+    def list_runs(self, status: str | None = None, group: str | None = None, tag: str | None = None) -> pd.DataFrame:
+        """Runs, newest first, as a DataFrame with columns ``RUN_COLUMNS``."""
+        rows = [r for r in self.runs([status] if status else None)
+                if (group is None or r["group"] == group) and (tag is None or tag in r["tags"])]
+        frame = pd.DataFrame([{c: r[c] for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
+        return frame.iloc[::-1].reset_index(drop=True)
+
+    def groups(self) -> pd.DataFrame:
+        with self._connect() as db:
+            rows = db.execute("SELECT grp AS \"group\", COUNT(*) AS runs, MIN(created_at) AS created_at FROM runs"
+                              " WHERE grp IS NOT NULL GROUP BY grp ORDER BY created_at DESC").fetchall()
+        return pd.DataFrame([dict(r) for r in rows], columns=["group", "runs", "created_at"])
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        """Set columns of a run (JSON columns take Python objects)."""
+        self.get_run(run_id)
+        fields = {("grp" if k == "group" else k): (json.dumps(v) if k in _JSON_COLUMNS else v) for k, v in fields.items()}
+        with self._write() as db:
+            db.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", (*fields.values(), run_id))
+
+    def rename(self, run_id: str, name: str) -> None:
+        from workbench.runs.names import check_run_name
+
+        self.update_run(run_id, name=check_run_name(name))
+
+    def set_tags(self, run_id: str, tags: Iterable[str]) -> None:
+        from workbench.runs.names import check_tag
+
+        self.update_run(run_id, tags=sorted({check_tag(t) for t in tags}))
+
+    def set_notes(self, run_id: str, notes: str) -> None:
+        self.update_run(run_id, notes=str(notes))
+
+    def delete(self, run_id: str) -> None:
+        """Forget a run and its rows (its run directory is removed by the service)."""
+        self.get_run(run_id)
+        with self._write() as db:
+            for table in ("metrics", "samples", "diagnostics", "lens"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+    def set_status(self, run_id: str, status: str, *, error: str | None = None) -> bool:
+        """Move a run's status forward (never backwards; see ``_status_rank``). True if it changed."""
+        if status not in STATUSES:
+            raise RunError(f"status={status!r} is not allowed; one of: {', '.join(STATUSES)}")
+        with self._write() as db:
+            return _apply_status(db, run_id, status, error, time.time())
+
+    # -- ingest --------------------------------------------------------------------------------
+    def ingest(self, run_id: str, events: list[dict[str, Any]], *, offset: tuple[int, int] | None = None) -> int:
+        """Store events; returns how many rows were new.
+
+        ``offset=(old, new)``: the events are the stream's bytes [old, new). The offset moves only
+        if it still equals ``old`` (compare-and-set), so two collectors reading the same bytes
+        cannot both apply them; the loser's rows are ignored by the primary keys anyway.
+        """
+        new = 0
+        with self._write() as db:
+            if offset is not None:
+                moved = db.execute("UPDATE runs SET events_offset = ? WHERE id = ? AND events_offset = ?",
+                                   (offset[1], run_id, offset[0])).rowcount
+                if not moved:
+                    return 0
+            for event in events:
+                new += _ingest_one(db, run_id, event)
+        return new
+
+    # -- queries for plots ---------------------------------------------------------------------
+    def metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
+        """One row per (run, step): ``run_id``, ``step``, ``time`` and every logged metric."""
+        rows = self._payload_rows("metrics", list(run_ids))
+        records = [{"run_id": r["run_id"], "step": r["step"], "time": r["time"], **json.loads(r["data"])} for r in rows]
+        frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=["run_id", "step", "time"])
+        return frame.astype({"step": int}) if len(frame) else frame
+
+    def samples(self, run_id: str, step: int | None = None) -> pd.DataFrame:
+        rows = self._payload_rows("samples", [run_id], step)
+        records = [{"run_id": r["run_id"], "step": r["step"], **s} for r in rows for s in json.loads(r["data"])]
+        columns = ["run_id", "step", "prompt", "completion", "reward", "advantage", "length", "truncated"]
+        return pd.DataFrame.from_records(records, columns=columns) if records else pd.DataFrame(columns=columns)
+
+    def diagnostic_steps(self, run_id: str) -> list[int]:
+        with self._connect() as db:
+            return [r[0] for r in db.execute("SELECT step FROM diagnostics WHERE run_id = ? ORDER BY step", (run_id,))]
+
+    def diagnostics(self, run_id: str, step: int) -> dict[str, Any]:
+        rows = self._payload_rows("diagnostics", [run_id], step)
+        if not rows:
+            raise RunError(f"run {run_id!r} has no diagnostics at step={step}; steps with diagnostics: "
+                           f"{self.diagnostic_steps(run_id)[:20]}")
+        return json.loads(rows[0]["data"])
+
+    def lens(self, run_id: str) -> list[dict[str, Any]]:
+        """Same-batch lens payloads of a run, by step (see workbench/engine/lens.py)."""
+        return [{"step": r["step"], **json.loads(r["data"])} for r in self._payload_rows("lens", [run_id])]
+
+    def _payload_rows(self, table: str, run_ids: list[str], step: int | None = None) -> list[sqlite3.Row]:
+        if not run_ids:
+            return []
+        query = f"SELECT run_id, step, time, data FROM {table} WHERE run_id IN ({','.join('?' * len(run_ids))})"
+        args: list[Any] = list(run_ids)
+        if step is not None:
+            query += " AND step = ?"
+            args.append(step)
+        with self._connect() as db:
+            return db.execute(query + " ORDER BY run_id, step", args).fetchall()
+
+
+def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
+    run = dict(row)
+    run["group"] = run.pop("grp")
+    for column in _JSON_COLUMNS:
+        run[column] = json.loads(run[column])
+    return run
+
+
+def _apply_status(db: sqlite3.Connection, run_id: str, status: str, error: str | None, when: float) -> bool:
+    row = db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        return False
+    current = row["status"]
+    if _status_rank(status) < _status_rank(current) or (current in TERMINAL_STATUSES and current != "lost"):
+        return False
+    ended = when if status in TERMINAL_STATUSES else None
+    started = when if status == "starting" else None
+    db.execute("UPDATE runs SET status = ?, error = COALESCE(?, error), ended_at = COALESCE(?, ended_at),"
+               " started_at = COALESCE(started_at, ?) WHERE id = ?", (status, error, ended, started, run_id))
+    return current != status
+
+
+_LENS_KEY = "lens"
+
+
+def _ingest_one(db: sqlite3.Connection, run_id: str, event: dict[str, Any]) -> int:
+    """Apply one event; returns 1 if it added a row or changed the status."""
+    kind, step, when = event.get("kind"), int(event.get("step", 0)), float(event.get("time", time.time()))
+    payload = {k: v for k, v in event.items() if k not in ("kind", "step", "time")}
+    if kind == "status":
+        return int(_apply_status(db, run_id, payload.get("status", ""), payload.get("error"), when))
+    if kind == "error":
+        db.execute("UPDATE runs SET error = ? WHERE id = ?", (payload.get("error"), run_id))
+        return 0
+    if kind == "metrics":
+        data = payload.get("metrics", {})
+        added = db.execute("INSERT OR IGNORE INTO metrics VALUES (?,?,?,?)", (run_id, step, when, json.dumps(data))).rowcount
+        if added:
+            db.execute("UPDATE runs SET last_step = MAX(last_step, ?), reward = CASE WHEN ? >= last_step THEN ? ELSE reward END"
+                       " WHERE id = ?", (step, step, data.get("reward"), run_id))
+        return added
+    if kind == "samples":
+        return db.execute("INSERT OR IGNORE INTO samples VALUES (?,?,?,?)",
+                          (run_id, step, when, json.dumps(payload.get("samples", [])))).rowcount
+    if kind == "diagnostics":
+        table = "lens" if _LENS_KEY in payload else "diagnostics"
+        data = payload[_LENS_KEY] if table == "lens" else payload
+        return db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?,?,?,?)", (run_id, step, when, json.dumps(data))).rowcount
+    if kind == "lens":
+        return db.execute("INSERT OR IGNORE INTO lens VALUES (?,?,?,?)", (run_id, step, when, json.dumps(payload))).rowcount
+    return 0
