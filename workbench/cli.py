@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("action", choices=["build"])
     m.add_argument("name", choices=["tiny"])
     m.set_defaults(func=_cmd_model)
+    from workbench.export.cli import add_export_parser
     from workbench.runs.cli import add_run_parsers
 
     add_run_parsers(sub)
+    add_export_parser(sub)
     return parser
 
 

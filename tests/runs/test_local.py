@@ -63,7 +63,7 @@ def test_detached_run_lands_in_the_store(fresh_home):
     assert frame.reward.tolist() == [e["metrics"]["reward"] for e in events]  # the store holds exactly what the run wrote
     assert set(store.samples(run_id).step) == {0, 1, 2, 3}
     assert len(store.diagnostics(run_id, 0)["ratio"]) == 4
-    assert not _group_pids(run["handle"]["pgid"])  # nothing left running
+    _wait_for(lambda: not _group_pids(run["handle"]["pgid"]), store, timeout=30)  # the process group exits
     assert (Path(run["run_dir"]) / "exit_code").read_text().strip() == "0"
 
 
@@ -79,7 +79,8 @@ def test_kill_9_mid_run_fails_and_keeps_every_step(fresh_home):
     run = store.get_run(run_id)
     written = _steps_in_events(run["run_dir"])
     assert store.metrics([run_id]).step.tolist() == written == list(range(len(written)))
-    assert len(written) >= 4 and "exit code" in run["error"]
+    # accelerate's launcher exits 1 and names the signal its worker died of
+    assert len(written) >= 4 and run["error"].startswith("trainer process exited with code 1") and "SIGKILL" in run["error"]
 
 
 def test_collector_restart_mid_run_gives_no_gap_and_no_duplicate(fresh_home):

@@ -123,7 +123,19 @@ class LocalLauncher(Launcher):
         if code > 128:
             name = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else str(code - 128)
             return "failed", f"trainer process killed by {name} (exit code {code})"
-        return "failed", f"trainer process exited with code {code}; see {STDOUT_FILE} in the run directory"
+        last = _last_line(Path(run["run_dir"]) / STDOUT_FILE)
+        return "failed", f"trainer process exited with code {code}" + (f": {last}" if last else "")
+
+
+def _last_line(path: Path, max_bytes: int = 4096) -> str:
+    """The last non-empty line of a log (accelerate's launcher prints why its worker died there)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - max_bytes))
+            lines = [l.strip() for l in f.read().decode(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-500:] if lines else ""
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -134,10 +146,14 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Any live (non-zombie) process left in the group? Zombies count as gone: PID 1 in some
+    containers never reaps orphans, so ``killpg(pgid, 0)`` would report finished runs forever."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False

@@ -1,0 +1,184 @@
+"""The slurm launcher against a one-machine stand-in cluster.
+
+The sbatch / squeue / sacct / scancel / srun / scontrol on PATH are the shims of
+tests/export/slurm_cluster.py: they stand in for the cluster (controller and node daemons this
+machine does not have), not for the launcher. The launcher, the sbatch script it writes and the
+trainer it starts are the real ones: `sbatch --parsable` really runs the script in the background,
+whose srun step really runs `accelerate launch -m workbench train` on the CPU.
+"""
+
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.export.slurm_cluster import cluster_env, srun_calls
+from workbench.engine.events import read_events
+from workbench.export.scripts import SlurmOptions, sbatch_script
+from workbench.recipe import load_recipe
+from workbench.runs import LaunchError, RunStore, Settings, SlurmDefaults, launch, wait
+from workbench.runs.launchers import LAUNCHERS
+from workbench.runs.launchers.slurm import SlurmLauncher
+
+QUICK = ["train.steps=3", "logging.samples_per_step=2", "logging.diagnostics_sequences=2"]
+SETTINGS = Settings(slurm=SlurmDefaults(partition="debug", account="lab", nodes=1, gpus_per_node=1, time="00:10:00"))
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, fresh_home):
+    env = cluster_env(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return env
+
+
+def make_run(home: Path, run_id: str, overrides: list[str]) -> dict:
+    run_dir = home / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    return {"id": run_id, "run_dir": str(run_dir), "recipe": load_recipe("grpo", overrides).to_yaml(),
+            "handle": None, "events_offset": 0, "launch": {}}
+
+
+def follow(launcher, run, until, timeout=300.0) -> list[dict]:
+    """Read events the way the collector does (from the stored offset) until ``until(events)``."""
+    events, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = launcher.read_events(run)
+        assert chunk.offset >= run["events_offset"]
+        events += chunk.events
+        run["events_offset"] = chunk.offset
+        if until(events):
+            return events
+        time.sleep(0.2)
+    raise AssertionError(f"not reached in {timeout} s; events so far: {[e['kind'] for e in events]}")
+
+
+def metric_steps(events) -> list[int]:
+    return [e["step"] for e in events if e["kind"] == "metrics"]
+
+
+def job_processes(run_dir: str) -> list[str]:
+    """Command lines of live processes working on this run (trainer, launchers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if run_dir in cmd and state != "Z":
+                found.append(cmd)
+    return found
+
+
+def test_registered_and_reads_plain_settings_objects():
+    assert LAUNCHERS.get("slurm") is SlurmLauncher
+    plain = SimpleNamespace(partition="", account="", nodes=2, gpus_per_node=4, time="02:00:00")
+    run = {"id": "r-1", "run_dir": "/shared/runs/r-1", "recipe": load_recipe("grpo").to_yaml()}
+    assert SlurmLauncher("slurm", plain).script(run) == sbatch_script(
+        load_recipe("grpo"), SlurmOptions(nodes=2, gpus_per_node=4, time="02:00:00", python=sys.executable,
+                                          run_dir="/shared/runs/r-1", job_name="r-1"))
+
+
+def test_job_runs_and_events_arrive(cluster, fresh_home):
+    launcher = SlurmLauncher("slurm", SETTINGS)
+    run = make_run(fresh_home, "grpo-20250101-000000-aaaa", QUICK)
+    handle = launcher.start(run)
+    run["handle"] = handle
+    assert handle == {"job_id": "4001", "cluster": None, "script": f"{run['run_dir']}/job.sbatch"}
+    script = Path(handle["script"]).read_text().splitlines()
+    for line in ("#SBATCH --job-name=grpo-20250101-000000-aaaa", "#SBATCH --partition=debug", "#SBATCH --account=lab",
+                 "#SBATCH --time=00:10:00", "#SBATCH --gpus-per-node=1", f"#SBATCH --output={run['run_dir']}/stdout.log"):
+        assert line in script
+    assert launcher.alive(run) is True  # pending or running right after submission
+    events = follow(launcher, run, lambda ev: any(e.get("status") == "finished" for e in ev))
+    assert metric_steps(events) == [0, 1, 2]
+    deadline = time.monotonic() + 60
+    while launcher.alive(run) and time.monotonic() < deadline:  # the batch script exits after the trainer
+        time.sleep(0.2)
+    assert launcher.alive(run) is False
+    assert launcher.state(run) == "COMPLETED"
+    assert launcher.exit_status(run) == (None, None)
+    again = launcher.read_events(run)  # nothing new past the offset: no duplicate step
+    assert (again.events, again.offset) == ([], Path(run["run_dir"], "events.jsonl").stat().st_size)
+    assert "run directory: " + run["run_dir"] in Path(run["run_dir"], "stdout.log").read_text()
+    [call] = srun_calls(cluster)
+    assert call["options"] == {"--nodes": "1", "--ntasks": "1", "--ntasks-per-node": "1"}
+
+
+def test_cancel_terminates_the_trainer_cleanly(cluster, fresh_home):
+    launcher = SlurmLauncher("slurm", SETTINGS)
+    run = make_run(fresh_home, "grpo-20250101-000000-bbbb", ["train.steps=10000", "logging.diagnostics_every=0"])
+    run["handle"] = launcher.start(run)
+    follow(launcher, run, lambda ev: len(metric_steps(ev)) >= 2)
+    launcher.cancel(run, grace_s=60)  # scancel --signal=TERM: the trainer records `cancelled` and exits
+    assert launcher.alive(run) is False
+    events = read_events(Path(run["run_dir"]))
+    steps = metric_steps(events)
+    assert len(steps) >= 2 and steps == list(range(len(steps)))
+    assert events[-1]["kind"] == "status" and events[-1]["status"] == "cancelled"
+    assert job_processes(run["run_dir"]) == []
+
+
+def test_cancel_escalates_to_scancel_after_the_grace(cluster, fresh_home):
+    launcher = SlurmLauncher("slurm", SETTINGS)
+    run = make_run(fresh_home, "grpo-20250101-000000-cccc", ["train.steps=10000", "logging.diagnostics_every=0"])
+    run["handle"] = launcher.start(run)
+    follow(launcher, run, lambda ev: len(metric_steps(ev)) >= 1)
+    launcher.cancel(run, grace_s=0)  # no grace: TERM, then the plain scancel at once
+    deadline = time.monotonic() + 30
+    while launcher.alive(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert launcher.state(run) == "CANCELLED"
+    status, error = launcher.exit_status(run)
+    assert (status, error) == ("cancelled", f"SLURM job {run['handle']['job_id']} ended CANCELLED; see stdout.log in the run directory")
+    deadline = time.monotonic() + 10
+    while job_processes(run["run_dir"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job_processes(run["run_dir"]) == []
+
+
+def test_through_the_run_service_into_the_store(cluster, fresh_home):
+    """launch(target='slurm') -> sbatch -> the collector ingests every step exactly once."""
+    store = RunStore()
+    run_id = launch(load_recipe("grpo", QUICK), target="slurm", store=store, settings=SETTINGS, created_by="t")
+    assert wait(run_id, store=store, settings=SETTINGS, timeout_s=300) == "finished"
+    run = store.get_run(run_id)
+    assert (run["launcher"], run["handle"]["job_id"], run["last_step"]) == ("slurm", "4001", 2)
+    assert list(store.metrics([run_id])["step"]) == [0, 1, 2]
+
+
+def test_no_sbatch_is_a_clear_error_and_writes_nothing(tmp_path, monkeypatch, fresh_home):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    run = make_run(fresh_home, "grpo-20250101-000000-dddd", QUICK)
+    with pytest.raises(LaunchError, match=r"`sbatch` is not on PATH: the slurm target submits with SLURM's sbatch"):
+        SlurmLauncher("slurm", SETTINGS).start(run)
+    assert list(Path(run["run_dir"]).iterdir()) == []
+
+
+def test_refused_submission_and_bad_settings(tmp_path, monkeypatch, fresh_home):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: debug' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    run = make_run(fresh_home, "grpo-20250101-000000-eeee", QUICK)
+    with pytest.raises(LaunchError, match=r"sbatch refused the job \(exit 1\): sbatch: error: invalid partition specified: debug"):
+        SlurmLauncher("slurm", SETTINGS).start(run)
+    bad = SimpleNamespace(partition="gpu; reboot", account="", nodes=1, gpus_per_node=1, time="01:00:00")
+    with pytest.raises(LaunchError, match=r"cannot write the sbatch script: partition='gpu; reboot' is not allowed"):
+        SlurmLauncher("slurm", bad).start(make_run(fresh_home, "grpo-20250101-000000-ffff", QUICK))
+
+
+def test_unreachable_controller_is_unknown_not_dead(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    run = {"id": "x", "run_dir": str(tmp_path), "handle": {"job_id": "12"}, "events_offset": 0}
+    assert SlurmLauncher("slurm", SETTINGS).alive(run) is None
