@@ -242,7 +242,7 @@ _collectors: dict[str, threading.Thread] = {}
 _collectors_lock = threading.Lock()
 
 
-def ensure_collector(store: RunStore | None = None, interval_s: float = 1.0) -> threading.Thread:
+def ensure_collector(store: RunStore | None = None, interval_s: float = 0.25) -> threading.Thread:
     """One background collector thread per store file in this process (the app starts it)."""
     store = store or RunStore()
     key = str(store.path)
