@@ -1,9 +1,17 @@
-"""Streamlit entry point: ``streamlit run app.py``. Pages live in ``workbench/ui``."""
+"""Streamlit entry point: ``streamlit run app.py``. Pages live in ``workbench/ui``.
+
+The sidebar holds the navigation (Workbench, Learn, Labs) and the sign-in form; a background
+collector thread keeps the run store in step with running runs while the app is up.
+"""
 
 import streamlit as st
 
-from workbench.ui import advantages_page
+from workbench import runs as wr
+from workbench.ui import auth
+from workbench.ui.nav import navigation
 
-st.set_page_config(page_title="RL Workbench", layout="wide")
-page = st.navigation([st.Page(advantages_page.render, title="Advantages", url_path="advantages", default=True)])
+st.set_page_config(page_title="RL Workbench", page_icon=":material/science:", layout="wide")
+page = st.navigation(navigation())
+auth.sidebar()
+wr.ensure_collector()
 page.run()

@@ -257,11 +257,17 @@ def ensure_collector(store: RunStore | None = None, interval_s: float = 0.25) ->
 
 
 def _collect_forever(store: RunStore, interval_s: float) -> None:
-    while True:
+    """Sync every ``interval_s``; back off (up to 30 s) while syncing fails; stop if the home is gone."""
+    delay = interval_s
+    while store.path.parent.exists():
         try:
             sync(store)
+            delay = interval_s
         except Exception:  # a bad row must not kill the collector; the next pass retries
             import traceback
 
             traceback.print_exc()
-        time.sleep(interval_s)
+            delay = min(30.0, delay * 2)
+        time.sleep(delay)
+    with _collectors_lock:
+        _collectors.pop(str(store.path), None)

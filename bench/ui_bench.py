@@ -1,0 +1,161 @@
+"""UI benchmarks: (1) server-side render time of the Live / Compare page with 10 runs x 1,000
+steps (target < 1 s), against a 1 run x 10 steps baseline in the same script; (2) live-update
+latency from a step's event being written to events.jsonl to the browser's chart showing it
+(real `streamlit run` + Debian chromium via Playwright; needs /usr/bin/chromium).
+
+    .venv/bin/python bench/ui_bench.py [--runs 10 --steps 1000 --repeats 5 --latency-steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SCRATCH = tempfile.mkdtemp(prefix="wb-ui-bench-")
+
+
+def fill_store(home: Path, runs: int, steps: int) -> list[str]:
+    """``runs`` finished runs in one group, ``steps`` ingested steps each (metrics + samples)."""
+    os.environ["WORKBENCH_HOME"] = str(home)
+    from tests.ui.seed import metrics_event, samples_event
+    from workbench.recipe import load_recipe
+    from workbench.runs import RunStore
+
+    store, ids, t0 = RunStore(), [], time.time() - steps
+    yaml_text = load_recipe("grpo").to_yaml()
+    for r in range(runs):
+        run_id = f"bench{r}"
+        store.create_run(run_id=run_id, name=f"run{r}", algorithm="grpo", recipe_yaml=yaml_text, total_steps=steps,
+                         target="local", launcher="local", host="localhost", created_by="bench",
+                         run_dir=str(home / "runs" / run_id), group="bench")
+        events = [{"kind": "status", "step": 0, "time": t0, "status": "running"}]
+        for s in range(steps):
+            events += [metrics_event(s, t0 + s, 0.01 * r), samples_event(s, t0 + s)]
+        store.ingest(run_id, events)
+        store.set_status(run_id, "finished")
+        ids.append(run_id)
+    return ids
+
+
+def render_times(runs: int, steps: int, repeats: int) -> list[float]:
+    """Wall seconds of one full script run of the Compare page (AppTest, in-process)."""
+    from streamlit.testing.v1 import AppTest
+
+    # Homes stay until the process ends: the app's collector thread keeps polling their stores.
+    tmp = tempfile.mkdtemp(dir=SCRATCH)
+    if True:
+        fill_store(Path(tmp), runs, steps)
+        at = AppTest.from_string("from workbench.ui import compare_page\ncompare_page.render()\n", default_timeout=120)
+        at.run()  # imports and first-time caches
+        assert len(at.get("plotly_chart")) == 11, "every panel should render"
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            at.run()
+            times.append(time.perf_counter() - t)
+        from workbench.viz.curves import compare_figures
+        from workbench.runs import RunStore
+
+        store = RunStore()
+        t = time.perf_counter()
+        df = store.metrics([f"bench{r}" for r in range(runs)])
+        t_query = time.perf_counter() - t
+        t = time.perf_counter()
+        compare_figures(df)
+        t_figs = time.perf_counter() - t
+        print(f"  {runs} runs x {steps} steps: store.metrics {t_query * 1e3:.0f} ms, figures {t_figs * 1e3:.0f} ms")
+    return times
+
+
+def latency(steps: int) -> list[float]:
+    """Seconds from writing step k's event to the browser's reward chart having k+1 points."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.conftest import free_port
+    from tests.ui.seed import LiveRun
+    from workbench.runs import RunStore
+
+    tmp = tempfile.mkdtemp(dir=SCRATCH)
+    if True:
+        os.environ["WORKBENCH_HOME"] = tmp
+        store = RunStore()
+        live = LiveRun(store, name="live", total=10_000)
+        live.step(0)
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address",
+             "127.0.0.1", "--server.port", str(port)], cwd=ROOT, env={**os.environ, "WORKBENCH_HOME": tmp},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = []
+        try:
+            for _ in range(120):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"http://127.0.0.1:{port}/compare")
+                from tests.e2e.test_browser import REWARD_POINTS
+
+                deadline = time.time() + 120
+                while (page.evaluate(REWARD_POINTS) or [0])[0] < 1 and time.time() < deadline:
+                    time.sleep(0.05)
+                for k in range(1, steps + 1):
+                    written = live.step(k)
+                    while (page.evaluate(REWARD_POINTS) or [0])[0] < k + 1:
+                        if time.time() - written > 30:
+                            raise RuntimeError(f"step {k} never reached the browser")
+                        time.sleep(0.02)
+                    out.append(time.time() - written)
+                    time.sleep(0.3)  # steps arrive at different phases of the polling loops
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+            live.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--latency-steps", type=int, default=10)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    print("Compare page, server-side render (AppTest script run):")
+    base = statistics.median(render_times(1, 10, args.repeats))
+    big = render_times(args.runs, args.steps, args.repeats)
+    med = statistics.median(big)
+    print(f"  baseline 1 run x 10 steps: median {base:.3f} s")
+    print(f"  {args.runs} runs x {args.steps} steps: median {med:.3f} s, max {max(big):.3f} s "
+          f"(target < 1 s: {'met' if med < 1 else 'MISSED'}); ratio to baseline {med / base:.1f}x")
+    sys.stdout.flush()
+    if args.latency_steps:
+        lat = latency(args.latency_steps)
+        lat.sort()
+        print(f"Live update, event written -> browser chart ({len(lat)} steps): median {statistics.median(lat):.2f} s, "
+              f"max {lat[-1]:.2f} s (collector every 1 s + fragment every 1 s)")
+    import shutil
+
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    os._exit(0)  # daemon collector threads would otherwise poll the removed homes until exit
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""A real browser (Debian's chromium, driven by Playwright) against `streamlit run app.py`.
+
+Never lets Playwright download a browser: the system chromium is used by path. If it is missing
+the fixture installs it with apt-get (root or sudo); where that is impossible the test fails under
+CI=true and is skipped elsewhere (with the reason).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "e2e-s3cret"
+
+
+def _install_chromium() -> str | None:
+    """apt-get install chromium when we can; returns why not, or None when it is there."""
+    if Path(CHROMIUM).exists():
+        return None
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        return f"{CHROMIUM} is missing and neither root nor sudo is available to apt-get install chromium"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]):
+        done = subprocess.run(sudo + cmd, env=env, capture_output=True, text=True)
+        if done.returncode:
+            return f"{' '.join(cmd)} failed: {done.stderr[-500:]}"
+    return None if Path(CHROMIUM).exists() else f"apt-get installed chromium but {CHROMIUM} is still missing"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    problem = _install_chromium()
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    return CHROMIUM
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def e2e_home(tmp_path_factory):
+    """A temp workbench home with the tiny model already built (both runs then start at once)."""
+    home = tmp_path_factory.mktemp("e2ehome")
+    env = {**os.environ, "WORKBENCH_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "workbench", "model", "build", "tiny"], env=env, check=True,
+                   capture_output=True, timeout=600)
+    return home
+
+
+@pytest.fixture(scope="session")
+def server(e2e_home):
+    """`streamlit run app.py` headless on 127.0.0.1 with a password set; yields its URL."""
+    port = free_port()
+    env = {**os.environ, "WORKBENCH_HOME": str(e2e_home), "WORKBENCH_PASSWORD": PASSWORD, "OMP_NUM_THREADS": "1"}
+    log = open(e2e_home / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address",
+         "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.3)
+    else:
+        proc.terminate()
+        pytest.fail(f"streamlit did not answer its health check; log: {(e2e_home / 'server.log').read_text()[-2000:]}")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture
+def browser_page(chromium, server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()

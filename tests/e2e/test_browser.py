@@ -1,0 +1,128 @@
+"""End to end in chromium: sign in, launch a GRPO-vs-RLOO comparison on the tiny model, watch the
+live chart gain points without a reload, cancel one run, export its sbatch script. Screenshots
+go to docs/ (docs/app.png is the README's picture)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import PASSWORD
+from workbench.runs import RunStore, cancel
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# Points per run in the reward chart as the browser holds it (x may be a plain array or plotly's
+# base64 typed-array spec {dtype, bdata}; Streamlit's theme wraps the title in <b>).
+REWARD_POINTS = """() => {
+  const plot = Array.from(document.querySelectorAll('.js-plotly-plot'))
+      .find(p => p.layout && p.layout.title && String(p.layout.title.text).includes('Reward (batch mean)'));
+  const size = {f8: 8, f4: 4, i4: 4, i8: 8, u1: 1};
+  const len = v => v == null ? 0 : (v.length !== undefined ? v.length : atob(v.bdata).length / (size[v.dtype] || 8));
+  return plot ? plot.data.filter(t => !String(t.name).endsWith('(raw)')).map(t => len(t.x)) : null;
+}"""
+
+
+FAILURE_SHOT = Path("/tmp") / "wb-e2e-failure.png"
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.5, page=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    text = ""
+    if page is not None:
+        page.screenshot(path=str(FAILURE_SHOT), full_page=True)
+        text = page.locator("section.main, [data-testid='stMain']").first.inner_text()[:1500]
+    pytest.fail(f"timed out after {timeout} s waiting for {what}; screenshot {FAILURE_SHOT}; page text: {text}")
+
+
+def select_option(page, label: str, option: str) -> None:
+    """Streamlit selectbox / multiselect: open it, type the option, pick it."""
+    box = page.get_by_label(label, exact=True)
+    box.click()
+    box.fill(option)
+    box.press("Enter")  # picks the first option that matches the typed text
+
+
+@pytest.fixture
+def store(e2e_home):
+    """The server's run store; every run still active at the end is cancelled (they are detached)."""
+    store = RunStore(e2e_home / "runs.db")
+    yield store
+    for run_id in store.list_runs(status=None)["id"]:
+        cancel(run_id, store=store, grace_s=5)
+
+
+def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
+    page = browser_page
+
+    # ---- sign in -------------------------------------------------------------------------------
+    page.goto(server)
+    launch = page.get_by_role("button", name="Launch run")
+    launch.wait_for()
+    assert launch.is_disabled()
+    sidebar = page.get_by_test_id("stSidebar")
+    assert "A workbench password is set" in sidebar.inner_text()
+    sidebar.get_by_label("Your name (recorded as the owner of your runs)").fill("erin")
+    sidebar.get_by_label("Password", exact=True).fill(PASSWORD)
+    sidebar.get_by_role("button", name="Sign in").click()
+    page.get_by_text("Signed in as").wait_for()
+
+    # ---- configure: short runs, GRPO + RLOO in one group --------------------------------------
+    page.get_by_role("tab", name="Training").click()
+    steps = page.get_by_label("steps", exact=True)
+    steps.fill("3000")  # long enough to cancel one while it runs (the other is cancelled at teardown)
+    steps.press("Enter")
+    compare = page.get_by_label("Compare with these algorithms", exact=False)
+    compare.click()
+    compare.fill("rloo")
+    page.get_by_role("option", name="rloo").first.click()
+    page.keyboard.press("Escape")
+    go = page.get_by_role("button", name="Launch 2 runs")
+    wait_until(lambda: go.is_enabled(), 30, "the launch button to be enabled")
+    page.screenshot(path=str(DOCS / "launch.png"))
+    go.click()
+    page.get_by_text("Launched comparison group").wait_for()
+    runs = store.list_runs()
+    assert sorted(runs["algorithm"]) == ["grpo", "rloo"] and set(runs["created_by"]) == {"erin"}
+    rloo_id = runs.loc[runs["algorithm"] == "rloo", "id"].item()
+
+    # ---- watch live: the chart gains points while the page is not reloaded -----------------------
+    page.get_by_role("button", name="Watch live").click()
+    page.evaluate("() => { window.__wbNoReload = 'still here'; }")
+    first = wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and max(n) >= 1 and n, 180, "the first points", page=page)
+    later = wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and sum(n) >= sum(first) + 3 and n, 120,
+                       "the live chart to gain points", page=page)
+    assert page.evaluate("() => window.__wbNoReload") == "still here"  # same document: no reload
+    assert page.evaluate("() => performance.getEntriesByType('navigation').length") == 1
+    page.screenshot(path=str(DOCS / "app.png"))
+
+    # ---- cancel the RLOO run -------------------------------------------------------------------------
+    page.get_by_test_id("stSidebar").get_by_role("link", name="Runs").click()
+    select_option(page, "Run", rloo_id)
+    wait_until(lambda: page.get_by_label("Name", exact=True).input_value() == "rloo", 30, "the run to be selected", page=page)
+    cancel = page.get_by_role("button", name="Cancel run")
+    wait_until(lambda: cancel.is_enabled(), 30, "the cancel button")
+    cancel.click()
+    wait_until(lambda: store.get_run(rloo_id)["status"] == "cancelled", 60, "the run to be cancelled")
+    page.get_by_text("cancelled").first.wait_for()
+    page.screenshot(path=str(DOCS / "runs.png"))
+
+    # ---- export its sbatch script ---------------------------------------------------------------------
+    page.get_by_role("button", name="Export this run (YAML, bash, sbatch)").click()
+    page.get_by_role("tab", name="sbatch").click()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download sbatch script").click()
+    target = tmp_path / download.value.suggested_filename
+    download.value.save_as(target)
+    script = target.read_text()
+    assert download.value.suggested_filename == "rloo.sbatch"
+    assert "#SBATCH --job-name=rloo" in script and "-m workbench train" in script
+    assert "advantage: rloo" in script and "steps: 3000" in script  # the run's own recipe, inlined
+    page.screenshot(path=str(DOCS / "export.png"))
+    assert page.evaluate("() => window.__wbNoReload") == "still here"  # navigation stayed client-side

@@ -1,0 +1,76 @@
+"""Export page (text from workbench.export, download buttons) and Settings page (load / save)."""
+
+import yaml
+
+from tests.ui.conftest import page
+from tests.ui.seed import add_run
+from workbench.export.scripts import BashOptions, SlurmOptions, bash_script, recipe_yaml, sbatch_script
+from workbench.recipe import Recipe, load_recipe
+from workbench.runs import SSHHost, Settings, load_settings, save_settings
+
+
+def test_export_a_run_shows_and_offers_the_three_scripts(home, store):
+    run_id = add_run(store, preset="dapo", name="mine")
+    at = page("export_page").run()
+    assert not at.exception
+    recipe = Recipe.from_yaml(store.get_run(run_id)["recipe"])
+    codes = [c.value for c in at.code]  # st.code drops the final newline
+    assert codes == [t.rstrip("\n") for t in (recipe_yaml(recipe), bash_script(recipe), sbatch_script(recipe))]
+    labels = [b.label for b in at.get("download_button")]
+    assert labels == ["Download recipe YAML", "Download bash script", "Download sbatch script"]
+
+
+def test_export_options_change_the_scripts(home, store):
+    add_run(store, preset="grpo")
+    save_settings(Settings(slurm={"partition": "gpu", "time": "02:00:00"}))
+    at = page("export_page").run()
+    assert at.text_input(key="export_partition").value == "gpu"  # defaults from Settings
+    at.number_input(key="export_nodes").set_value(2).run()
+    at.number_input(key="export_bash_processes").set_value(2).run()
+    recipe = load_recipe("grpo")
+    assert at.code[1].value == bash_script(recipe, BashOptions(processes=2)).rstrip("\n")
+    assert at.code[2].value == sbatch_script(recipe, SlurmOptions(nodes=2, partition="gpu", time="02:00:00")).rstrip("\n")
+    assert "#SBATCH --nodes=2" in at.code[2].value
+
+
+def test_export_bad_option_names_the_field(home, store):
+    add_run(store)
+    at = page("export_page").run()
+    at.text_input(key="export_time").input("soon").run()
+    assert at.error[0].value.startswith("time='soon' is not allowed")
+
+
+def test_export_a_preset(home):
+    at = page("export_page").run()  # no runs: presets only
+    at.selectbox(key="export_preset").select("cispo").run()
+    assert yaml.safe_load(at.code[0].value)["algorithm"]["policy_loss"] == "cispo"
+
+
+def test_settings_save_and_show_no_secrets(home):
+    save_settings(Settings(ssh_hosts={"gpu1": SSHHost(hostname="gpu1.lab", user="me", setup="source ~/venv/bin/activate",
+                                                      identity_file="~/.ssh/id_ed25519")}))
+    at = page("settings_page").run()
+    assert not at.exception
+    assert str(home) in at.markdown[0].value
+    assert at.dataframe[-1].value["setup"].tolist() == ["source ~/venv/bin/activate"]  # shown read-only
+    at.number_input(key="set_cpu").set_value(2).run()
+    at.text_input(key="set_partition").input("a100").run()
+    at.text_input(key="set_gpu").input("1").run()
+    at.button(key="set_save").click().run()
+    assert not at.error, [e.value for e in at.error]
+    saved = load_settings()
+    assert (saved.cpu_slots, saved.gpu_slots, saved.slurm.partition) == (2, 1, "a100")
+    assert saved.ssh_hosts["gpu1"].setup == "source ~/venv/bin/activate"  # untouched by the page
+    assert saved.ssh_hosts["gpu1"].identity_file == "~/.ssh/id_ed25519"
+
+
+def test_settings_invalid_value_names_the_field(home):
+    at = page("settings_page").run()
+    at.text_input(key="set_time").input("forever").run()
+    at.button(key="set_save").click().run()
+    assert "slurm.time='forever'" in at.error[0].value
+    at.text_input(key="set_time").input("01:00:00").run()
+    at.text_input(key="set_gpu").input("two").run()
+    at.button(key="set_save").click().run()
+    assert at.error[0].value.startswith("gpu_slots='two' is not allowed")
+    assert not (home / "settings.yaml").exists()

@@ -1,0 +1,217 @@
+"""The lab pages' wiring (AppTest): widgets -> figures, figures read back from the plotly spec,
+empirical views on a real run launched through workbench.runs (tiny model, real subprocess)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from streamlit import config
+from streamlit.testing.v1 import AppTest
+
+from tests.viz.test_labs import values
+from workbench.recipe import load_recipe
+from workbench.viz import lab_regions
+
+torch.set_num_threads(1)
+
+
+def lab(url: str) -> AppTest:
+    """One lab page rendered on its own, looked up by its url path in LAB_PAGES."""
+    script = ("from workbench.ui.labs import LAB_PAGES\n"
+              f"{{u: f for f, t, u in LAB_PAGES}}[{url!r}]()\n")
+    return AppTest.from_string(script, default_timeout=120)
+
+
+@pytest.fixture(scope="module")
+def lab_home(tmp_path_factory):
+    """A workbench home with one real run: GRPO, mu = 2 (so tokens get clipped), 3 steps,
+    diagnostics and the lens every step, launched by workbench.runs on this machine."""
+    home = tmp_path_factory.mktemp("labs")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WORKBENCH_HOME", str(home))
+    mp.delenv("WORKBENCH_PASSWORD", raising=False)
+    cached = Path.home() / ".workbench" / "models" / "tiny-v1"  # a deterministic build: reuse it if present
+    if cached.exists():
+        shutil.copytree(cached, home / "models" / "tiny-v1")
+    from workbench.runs import RunStore, launch, wait
+
+    store = RunStore()
+    recipe = load_recipe("grpo", ["train.steps=3", "train.mu=2", "logging.lens_every=1", "logging.diagnostics_every=1",
+                                  "sampling.prompts_per_step=2", "sampling.num_generations=4"])
+    run_id = launch(recipe, target="local", created_by="test", store=store)
+    assert wait(run_id, store=store, timeout_s=600) == "finished", store.get_run(run_id)
+    old = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")
+    yield store, run_id
+    config.set_option("server.address", old)
+    mp.undo()
+
+
+def chart(at, key):
+    """The plotly spec of the chart whose widget key contains ``key``."""
+    for c in at.get("plotly_chart"):
+        if key in c.proto.id:
+            return json.loads(c.proto.spec)
+    raise AssertionError(f"no chart with key {key!r}; charts: {[c.proto.id for c in at.get('plotly_chart')]}")
+
+
+# ---- PPO regions --------------------------------------------------------------------------
+
+def test_ppo_lab_analytic_follows_the_sliders(lab_home):
+    at = lab("lab-ppo-regions").run()
+    assert not at.exception
+    fig = chart(at, "ppo_analytic")
+    assert {t["name"] for t in fig["data"]} == {"PPO clip", "GSPO (sequence ratio s)", "CISPO (surrogate)"}
+    x1 = sorted({s["x1"] for s in fig["layout"]["shapes"]})
+    assert 1.28 in x1 and 2.0 in x1  # eps_high 0.28 and dual clip c = 2 by default
+    at.slider(key="ppo_eps_high").set_value(0.4).run()
+    assert 1.4 in {s["x1"] for s in chart(at, "ppo_analytic")["layout"]["shapes"]}
+    at.checkbox(key="ppo_use_c").uncheck().run()
+    assert 2.0 not in {s["x1"] for s in chart(at, "ppo_analytic")["layout"]["shapes"]}
+
+
+def test_ppo_lab_bad_dual_clip_names_the_field(lab_home):
+    at = lab("lab-ppo-regions").run()
+    at.slider(key="ppo_eps_high").set_value(0.9).run()
+    at.slider(key="ppo_c").set_value(1.5).run()
+    assert "dual clip c=1.5 must be greater than 1 + eps_high = 1.9" in at.error[0].value
+
+
+def test_ppo_lab_tokens_of_a_real_run(lab_home):
+    store, run_id = lab_home
+    at = lab("lab-ppo-regions").run()
+    assert not at.exception
+    at.multiselect(key="ppo_runs").set_value([run_id]).run()
+    steps = store.diagnostic_steps(run_id)
+    assert steps == [0, 1, 2]
+    points = lab_regions.token_points(store.diagnostics(run_id, steps[-1]))
+    scatter = chart(at, "ppo_scatter")
+    shown = {t["name"]: len(values(t["x"])) for t in scatter["data"]}
+    assert shown == lab_regions.region_counts(points)  # the run's own (core) labels, token for token
+    metric = at.metric[0]
+    assert metric.value == f"{lab_regions.zero_grad_fraction(points):.1%}"
+    shares = chart(at, "ppo_shares")
+    assert values(shares["data"][0]["x"]) == steps
+
+
+# ---- loss aggregation ---------------------------------------------------------------------
+
+def test_aggregation_lab_book_example_and_errors(lab_home):
+    at = lab("lab-aggregation").run()
+    assert not at.exception
+    df = at.dataframe[0].value.set_index(["mode", "seq"])
+    assert df.loc[("seq-mean-token-mean", 0), "grad_wrt_ratio"] == pytest.approx(0.25)
+    assert df.loc[("seq-mean-token-mean", 1), "grad_wrt_ratio"] == pytest.approx(1 / 7)
+    assert df.loc[("seq-mean-token-sum-norm", 0), "grad_wrt_ratio"] == pytest.approx(1 / 7)
+    assert df.loc[("token-mean", 0), "weight"] == pytest.approx(1 / 11)
+    fig = chart(at, "agg_fig")
+    assert [t["name"] for t in fig["data"]] == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    assert len(values(fig["data"][0]["y"])) == 11
+    at.text_area(key="agg_losses").input("1, 1\n1, x").run()
+    assert "per-token losses line 2='1, x'" in at.error[0].value
+
+
+def test_aggregation_lab_empirical_views_of_a_real_run(lab_home):
+    store, run_id = lab_home
+    at = lab("lab-aggregation").run()
+    at.selectbox(key="agg_run").select(run_id).run()
+    at.multiselect(key="agg_drift_runs").set_value([run_id]).run()
+    weights = chart(at, "agg_weights")
+    names = [t["name"] for t in weights["data"]]
+    assert "seq-mean-token-mean (this run)" in names  # the GRPO preset's aggregation
+    drift = chart(at, "agg_drift")
+    assert values(drift["data"][0]["x"]) == [0, 1, 2]
+    assert drift["data"][0]["name"] == f"{run_id} (seq-mean-token-mean)"
+
+
+# ---- walkthroughs -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, source", [
+    ("walkthrough-grpo", "def grpo_advantages"), ("walkthrough-dr-grpo", "def grpo_advantages"),
+    ("walkthrough-rloo", "def rloo_advantages"), ("walkthrough-reinforce-pp", "def reinforce_pp_advantages"),
+    ("walkthrough-ppo", "def gae_advantages"), ("walkthrough-gspo", "def gspo_policy_loss"),
+    ("walkthrough-cispo", "def cispo_policy_loss"),
+])
+def test_every_walkthrough_shows_equations_source_and_all_estimators(lab_home, url, source):
+    at = lab(url).run()
+    assert not at.exception
+    assert at.get("latex") and source in at.code[0].value
+    table = next(d.value for d in at.dataframe if "Dr. GRPO" in d.value.columns)
+    assert table["Dr. GRPO"].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75])
+    assert table["RLOO"].tolist()[0] == pytest.approx(1.0)
+    assert at.button(key=f"{url.removeprefix('walkthrough-').replace('-', '_')}_launch")
+
+
+def test_walkthrough_inputs_and_errors(lab_home):
+    at = lab("walkthrough-grpo").run()
+    at.text_input(key="grpo_rewards").input("1, 0, x").run()
+    assert "rewards='1, 0, x'" in at.error[0].value
+    at = lab("walkthrough-ppo").run()
+    gae = at.dataframe[0].value
+    assert gae["A (lambda 1: G_t - V_t)"].tolist() == pytest.approx([0.8, 0.7, 0.6, 0.4, 0.2])
+    at.text_input(key="ppo_vt").input("0.1, 0.2").run()
+    assert "values has 2 entries but rewards has 5" in at.error[0].value
+    at = lab("walkthrough-cispo").run()
+    pg = at.dataframe[0].value
+    assert pg["CISPO grad"].tolist()[-1] == pytest.approx(1.28)  # log-ratio 2.0: weight capped, gradient kept
+    assert pg["PPO clip grad"].tolist()[-1] == 0.0
+
+
+def test_launch_button_needs_sign_in_when_a_password_is_set(lab_home, monkeypatch):
+    store, _ = lab_home
+    monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
+    at = lab("walkthrough-rloo").run()
+    assert at.button(key="rloo_launch").disabled
+    assert "sign in" in " ".join(c.value for c in at.caption).lower()
+    at.session_state["wb_user"], at.session_state["wb_authed"] = "erin", True
+    at.run()
+    assert not at.button(key="rloo_launch").disabled
+    at.number_input(key="rloo_G").set_value(2).run()
+    at.button(key="rloo_launch").click().run()
+    assert not at.exception and at.success, [e.value for e in at.error]
+    from workbench.runs import cancel
+
+    runs = store.list_runs()
+    new = runs[runs["created_by"] == "erin"]
+    assert len(new) == 1 and new["algorithm"].iloc[0] == "rloo"
+    cancel(new["id"].iloc[0], store=store)
+
+
+# ---- KL and lens --------------------------------------------------------------------------
+
+def test_kl_lab(lab_home):
+    at = lab("lab-kl").run()
+    assert not at.exception
+    moments = at.dataframe[0].value.set_index("estimator")
+    assert moments.loc["k1", "bias"] == pytest.approx(0.0, abs=1e-12)
+    assert moments.loc["k3", "bias"] == pytest.approx(0.0, abs=1e-12)
+    assert moments.loc["k2", "bias"] != pytest.approx(0.0, abs=1e-6)
+    assert {"k1 expectation", "k2 expectation", "k3 expectation"} <= {t["name"] for t in chart(at, "kl_fig")["data"]}
+    assert at.dataframe[1].value.set_index("preset").loc["grpo", "placement"] == "in_loss"
+    at.text_input(key="kl_ref").input("0.5, 0.5").run()
+    assert "pi has 4 outcomes but ref has 2" in at.error[0].value
+
+
+def test_lens_lab_plots_the_runs_lens(lab_home):
+    store, run_id = lab_home
+    at = lab("lab-lens").run()
+    assert not at.exception
+    at.selectbox(key="lens_run").select(run_id).run()
+    fig = chart(at, "lens_over_run")
+    assert len(fig["data"]) == 7 * 4  # estimators x policy losses (no critic)
+    rloo = next(t for t in fig["data"] if t["name"] == "rloo x clip")
+    assert values(rloo["x"]) == [0, 1, 2]
+    own = next(t for t in fig["data"] if t["name"].endswith("(this run)"))
+    assert own["name"] == "grpo x clip (this run)"
+    at.selectbox(key="lens_metric").select("cos_run").run()
+    dr = next(t for t in chart(at, "lens_over_run")["data"] if t["name"] == "dr_grpo x clip")
+    rl = next(t for t in chart(at, "lens_over_run")["data"] if t["name"] == "rloo x clip")
+    # RLOO = G/(G-1) Dr. GRPO: same angle to the run's gradient (NaN where that gradient was 0:
+    # every group's rewards equal, so every advantage and gradient is 0 and no angle exists)
+    np.testing.assert_allclose(values(dr["y"]), values(rl["y"]), atol=1e-6, equal_nan=True)
+    assert not np.isnan(values(dr["y"])).all()
+    heat = chart(at, "lens_heatmap")["data"][0]
+    assert heat["x"] == ["clip", "gspo", "cispo", "reinforce"]

@@ -1,0 +1,132 @@
+"""Launch page: every recipe field with its help, inline errors naming the field, presets and
+previous runs as starting points, comparison groups and the quick comparison (real launches)."""
+
+import pytest
+
+from tests.ui.conftest import page
+from tests.ui.seed import add_run
+from workbench import runs as wr
+from workbench.recipe import Algorithm, Recipe, load_recipe
+from workbench.ui.recipe_form import comparison_recipes, field_specs, validate_form
+
+
+def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
+    at = page("launch_page").run()
+    assert not at.exception
+    specs = field_specs()
+    sections = {"algorithm": Recipe.model_fields["algorithm"].annotation, "sampling": Recipe.model_fields["sampling"].annotation,
+                "optim": Recipe.model_fields["optim"].annotation, "train": Recipe.model_fields["train"].annotation,
+                "logging": Recipe.model_fields["logging"].annotation}
+    expected = {"name", "description", *(f for f in Recipe.model_fields if f not in sections)}
+    expected |= {f"{s}.{f}" for s, model in sections.items() for f in model.model_fields}
+    assert {s.path for s in specs} == expected
+    keys = {w.key for kind in ("text_input", "selectbox", "checkbox", "multiselect") for w in getattr(at, kind)}
+    assert {s.key for s in specs} <= keys
+    eps_low = at.text_input(key="rf:algorithm.eps_low")
+    assert eps_low.value == "0.2"
+    assert eps_low.help == Algorithm.model_fields["eps_low"].description
+    assert at.selectbox(key="rf:algorithm.aggregation").help.startswith("Loss aggregation: token-mean (DAPO)")
+
+
+def test_choosing_a_preset_fills_the_fields(home):
+    at = page("launch_page").run()
+    at.selectbox(key="launch_preset").select("ppo").run()
+    assert at.selectbox(key="rf:algorithm.advantage").value == "gae"
+    assert at.checkbox(key="rf:algorithm.critic").value is True
+    assert at.text_input(key="rf:algorithm.lam").value == "0.95"
+    assert at.text_input(key="rf:train.minibatches").value == "2"
+    assert "Proximal Policy Optimization" in at.expander[0].markdown[0].value  # the preset's paper
+
+
+def test_invalid_value_shows_error_under_the_field_and_blocks_launch(home):
+    at = page("launch_page").run()
+    at.text_input(key="rf:algorithm.eps_low").input("-1").run()
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("algorithm.eps_low=-1: Input should be greater than or equal to 0") for e in errors), errors
+    assert at.button(key="launch_go").disabled
+    at.text_input(key="rf:algorithm.eps_low").input("abc: [").run()
+    assert any("algorithm.eps_low='abc: [' is not a number, list or None" in e.value for e in at.error)
+    at.text_input(key="rf:algorithm.eps_low").input("0.28").run()
+    assert not at.error and not at.button(key="launch_go").disabled
+
+
+def test_cross_field_error_names_the_fields(home):
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.minibatches").input("5").run()
+    text = " ".join(e.value for e in at.error)
+    assert "sampling.prompts_per_step x sampling.num_generations = 32" in text and "train.minibatches x train.grad_accum = 5" in text
+
+
+def test_unsafe_inputs_are_refused(home):
+    base = load_recipe("grpo")
+    _, errors = validate_form({"dataset": "../../etc/passwd", "model": "a;rm -rf /", "name": "x y"}, base)
+    assert errors["dataset"].startswith("dataset='../../etc/passwd' resolves outside the workbench home")
+    assert errors["model"] == "model='a;rm -rf /' is not allowed; 'tiny' or a Hugging Face id like 'org/name'"
+    assert errors["name"].startswith("name='x y' is not allowed")
+    reward_spec = next(s for s in field_specs() if s.path == "reward_funcs")
+    assert reward_spec.kind == "multi" and set(reward_spec.choices) == {"exact_match", "format", "position_match", "first_char"}
+
+
+def test_widgets_change_the_recipe(home):
+    base = load_recipe("grpo")
+    recipe, errors = validate_form({"algorithm.eps_high": "0.28", "algorithm.clip_c": "3", "optim.betas": "[0.9, 0.95]",
+                                    "task": "reverse", "logging.log_with": ["tensorboard"]}, base)
+    assert errors == {}
+    assert (recipe.algorithm.eps_high, recipe.algorithm.clip_c, recipe.optim.betas) == (0.28, 3.0, (0.9, 0.95))
+    assert recipe.task == "reverse" and recipe.logging.log_with == ["tensorboard"]
+
+
+def test_comparison_shares_data_and_seed_but_keeps_each_algorithm():
+    base = load_recipe("grpo").with_overrides(["train.steps=7", "train.seed=5", "sampling.num_generations=4"])
+    grpo, ppo = comparison_recipes(base, ["ppo"])
+    assert grpo is base
+    assert (ppo.name, ppo.algorithm.advantage, ppo.train.minibatches, ppo.train.mu) == ("ppo", "gae", 2, 2)
+    assert (ppo.train.steps, ppo.train.seed, ppo.sampling.num_generations, ppo.task) == (7, 5, 4, "arithmetic")
+
+
+def test_previous_run_as_starting_point(home, store):
+    run_id = add_run(store, preset="dapo", name="mine")
+    at = page("launch_page").run()
+    at.radio(key="launch_source").set_value("Previous run").run()
+    assert at.selectbox(key="launch_from_run").value == run_id
+    assert at.text_input(key="rf:algorithm.eps_high").value == "0.28"  # DAPO's clip-higher
+    assert at.text_input(key="rf:name").value == "dapo"
+
+
+@pytest.fixture
+def cleanup(store):
+    yield
+    for run_id in store.list_runs()["id"]:
+        wr.cancel(run_id, store=store, grace_s=5)
+
+
+def test_launch_a_comparison_group_records_runs(home, store, cleanup):
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.steps").input("2").run()
+    at.multiselect(key="launch_compare").select("rloo").run()
+    at.text_input(key="launch_tags").input("smoke, ui").run()
+    at.button(key="launch_go").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    runs = store.list_runs()
+    assert sorted(runs["algorithm"]) == ["grpo", "rloo"]
+    assert set(runs["group"]) == {"grpo-vs-rloo"}
+    assert all(t == ["smoke", "ui"] for t in runs["tags"])
+    recipes = [Recipe.from_yaml(store.get_run(i)["recipe"]) for i in runs["id"]]
+    assert [r.train.steps for r in recipes] == [2, 2] and len({r.train.seed for r in recipes}) == 1
+    assert "grpo-vs-rloo" in at.success[0].value
+
+
+def test_quick_comparison_launches_grpo_rloo_ppo(home, store, cleanup):
+    at = page("launch_page").run()
+    at.button(key="quick_compare").click().run()
+    assert not at.exception and not at.error
+    runs = store.list_runs()
+    assert sorted(runs["algorithm"]) == ["grpo", "ppo", "rloo"]
+    assert runs["group"].nunique() == 1 and runs["group"][0].startswith("quick-")
+
+
+def test_unreachable_target_shows_the_launchers_error(home, store):
+    at = page("launch_page").run()
+    at.selectbox(key="launch_target").select("slurm").run()
+    at.button(key="launch_go").click().run()
+    assert "slurm" in at.error[0].value and store.list_runs().empty  # nothing half-made is left

@@ -1,0 +1,101 @@
+"""Runs page: the table's columns and values, filters and sort, and the actions on a run."""
+
+import pandas as pd
+
+from tests.ui.conftest import page
+from tests.ui.seed import LiveRun, add_run
+from workbench.viz.tables import filter_runs, runs_table
+
+
+def seed(store):
+    a = add_run(store, preset="grpo", name="alpha", steps=3, total=10, group="g1", tags=["x"], notes="first", reward_offset=0.5)
+    b = add_run(store, preset="rloo", name="beta", steps=10, total=10, group="g1", owner="bob", reward_offset=0.1)
+    c = add_run(store, preset="ppo", name="gamma", steps=1, total=4, status="failed", tags=["x", "y"])
+    return a, b, c
+
+
+def test_table_shows_status_progress_owner_reward_tags(home, store):
+    a, b, c = seed(store)
+    at = page("runs_page").run()
+    assert not at.exception
+    df = at.dataframe[0].value.set_index("name")
+    assert list(df.columns) == ["id", "status", "progress", "step", "algorithm", "target", "owner", "reward", "group",
+                                "tags", "notes", "created"]
+    assert df.loc["alpha", "progress"] == 0.3 and df.loc["alpha", "step"] == "3/10"
+    assert df.loc["beta", "progress"] == 1.0 and df.loc["beta", "owner"] == "bob"
+    assert df.loc["alpha", "reward"] == 0.52  # reward of its last step (0.5 + 0.01 * 2)
+    assert df.loc["gamma", "status"] == "failed" and df.loc["gamma", "tags"] == "x, y"
+    assert df.loc["alpha", "notes"] == "first" and df.loc["alpha", "target"] == "local"
+
+
+def test_filter_and_sort_widgets(home, store):
+    seed(store)
+    at = page("runs_page").run()
+    at.multiselect(key="runs_status").select("finished").run()
+    assert sorted(at.dataframe[0].value["name"]) == ["alpha", "beta"]
+    at.selectbox(key="runs_sort").select("reward").run()
+    assert at.dataframe[0].value["name"].tolist() == ["alpha", "beta"]  # 0.52 > 0.19, descending
+    at.toggle(key="runs_desc").set_value(False).run()
+    assert at.dataframe[0].value["name"].tolist() == ["beta", "alpha"]
+    at.multiselect(key="runs_status").unselect("finished").run()
+    at.selectbox(key="runs_tag").select("y").run()
+    assert at.dataframe[0].value["name"].tolist() == ["gamma"]
+    at.selectbox(key="runs_tag").select("").run()
+    at.text_input(key="runs_search").input("BOB").run()
+    assert at.dataframe[0].value["name"].tolist() == ["beta"]
+
+
+def test_filter_runs_sorts_missing_rewards_last():
+    table = pd.DataFrame({"id": ["1", "2", "3"], "name": ["a", "b", "c"], "status": ["running"] * 3, "algorithm": ["grpo"] * 3,
+                          "owner": ["o"] * 3, "notes": [""] * 3, "group": [""] * 3, "tags": ["", "", ""],
+                          "reward": [0.2, None, 0.7], "created": [1, 2, 3], "progress": [0.1, 0.2, 0.3]})
+    assert filter_runs(table, sort="reward")["name"].tolist() == ["c", "a", "b"]
+    assert filter_runs(table, sort="reward", descending=False)["name"].tolist() == ["a", "c", "b"]
+    assert runs_table(pd.DataFrame()).empty
+
+
+def test_rename_tag_and_annotate(home, store):
+    a, _, _ = seed(store)
+    at = page("runs_page").run()
+    at.selectbox(key="runs_selected").select(a).run()
+    at.text_input(key=f"runs_name:{a}").input("alpha2").run()
+    at.text_input(key=f"runs_tags:{a}").input("best, keep").run()
+    at.text_area(key=f"runs_notes:{a}").input("lr too high?").run()
+    at.button(key="runs_save").click().run()
+    run = store.get_run(a)
+    assert (run["name"], run["tags"], run["notes"]) == ("alpha2", ["best", "keep"], "lr too high?")
+
+
+def test_bad_name_error_names_the_field(home, store):
+    a, _, _ = seed(store)
+    at = page("runs_page").run()
+    at.selectbox(key="runs_selected").select(a).run()
+    at.text_input(key=f"runs_name:{a}").input("no spaces").run()
+    at.button(key="runs_save").click().run()
+    assert at.error[0].value.startswith("name='no spaces' is not allowed")
+    assert store.get_run(a)["name"] == "alpha"
+
+
+def test_delete_needs_confirmation(home, store):
+    a, b, c = seed(store)
+    at = page("runs_page").run()
+    at.selectbox(key="runs_selected").select(c).run()
+    assert at.button(key="runs_delete").disabled
+    at.checkbox(key=f"runs_confirm:{c}").check().run()
+    at.button(key="runs_delete").click().run()
+    assert sorted(store.list_runs()["id"]) == sorted([a, b])
+
+
+def test_cancel_a_live_run_stops_its_process(home, store):
+    live = LiveRun(store, name="live")
+    try:
+        at = page("runs_page").run()
+        at.selectbox(key="runs_selected").select(live.run_id).run()
+        assert not at.button(key="runs_cancel").disabled
+        at.button(key="runs_cancel").click().run()
+        assert live.proc.wait(timeout=10) == -15  # SIGTERM reached the run's process group
+        from workbench.runs import sync
+        sync(store)
+        assert store.get_run(live.run_id)["status"] == "cancelled"
+    finally:
+        live.stop()

@@ -1,0 +1,110 @@
+"""Figure and table builders of the Compare page (pure functions of the store's DataFrames)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.ui.figspec import traces
+from workbench.viz.curves import PANELS, available_panels, compare_figures, ema, final_metrics_table, metric_figure, progress
+
+
+def frame() -> pd.DataFrame:
+    """Two runs, three steps each, as RunStore.metrics returns them (sorted by run_id, step)."""
+    return pd.DataFrame({
+        "run_id": ["a", "a", "a", "b", "b", "b"],
+        "step": [0, 1, 2, 0, 1, 2],
+        "time": [100.0, 102.0, 105.0, 200.0, 201.0, 203.0],
+        "reward": [1.0, 0.0, 0.0, 0.5, 0.5, 1.0],
+        "clip_ratio/low_mean": [0.0, 0.1, 0.2, 0.0, 0.0, 0.0],
+        "clip_ratio/high_mean": [0.0, 0.05, 0.1, 0.0, 0.0, 0.0],
+        "clip_ratio/region_mean": [0.0, 0.15, 0.3, 0.0, 0.0, 0.0],
+        "completions/mean_length": [4.0, 5.0, 6.0, 3.0, 3.0, 3.0],
+        "completions/count": [8.0, 8.0, 8.0, 8.0, 8.0, 8.0],
+        "perf/step_time": [2.0, 3.0, 4.0, 1.0, 1.0, 1.0],
+        "loss/policy": [0.1, 0.2, np.nan, 0.3, 0.2, 0.1],
+    })
+
+
+def spec(fig):
+    """The figure as Streamlit ships it to the browser, x / y decoded to lists."""
+    out = json.loads(fig.to_json())
+    out["data"] = traces(out)
+    return out
+
+
+def test_ema_is_the_debiased_weighted_mean():
+    # w = 0.5: s1 = 1; s2 = (0.5*1 + 0)/(1.5) = 1/3; s3 = (0.25*1)/(1.75) = 1/7
+    assert ema([1.0, 0.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3, 1 / 7])
+    assert ema([2.0, 4.0], 0.0).tolist() == [2.0, 4.0]
+
+
+def test_ema_skips_missing_values():
+    out = ema([1.0, np.nan, 0.0], 0.5)
+    assert out[0] == 1.0 and np.isnan(out[1]) and out[2] == pytest.approx(1 / 3)
+
+
+def test_ema_rejects_weight_out_of_range():
+    with pytest.raises(ValueError, match=r"smoothing=1\.0 is not allowed; use a weight in \[0, 1\)"):
+        ema([1.0], 1.0)
+
+
+def test_one_metric_panel_has_one_trace_per_run():
+    fig = spec(metric_figure(frame(), "reward", labels={"a": "grpo", "b": "rloo"}))
+    assert [t["name"] for t in fig["data"]] == ["grpo", "rloo"]
+    assert fig["data"][0]["x"] == [0.0, 1.0, 2.0] and fig["data"][0]["y"] == [1.0, 0.0, 0.0]
+    assert fig["data"][1]["y"] == [0.5, 0.5, 1.0]
+    assert fig["layout"]["title"]["text"] == "Reward (batch mean)"
+    assert fig["data"][0]["line"]["color"] != fig["data"][1]["line"]["color"]
+
+
+def test_clip_panel_has_low_high_region_per_run():
+    fig = spec(metric_figure(frame(), "clip"))
+    names = [t["name"] for t in fig["data"]]
+    assert names == ["a · low_mean", "a · high_mean", "a · region_mean", "b · low_mean", "b · high_mean", "b · region_mean"]
+    assert fig["data"][2]["y"] == [0.0, 0.15, 0.3]
+    assert [t["line"]["dash"] for t in fig["data"][:3]] == ["solid", "dash", "dot"]
+
+
+def test_smoothing_draws_ema_over_faint_raw():
+    fig = spec(metric_figure(frame(), "reward", smoothing=0.5))
+    assert [t["name"] for t in fig["data"]] == ["a (raw)", "a", "b (raw)", "b"]
+    assert fig["data"][0]["y"] == [1.0, 0.0, 0.0] and fig["data"][0]["showlegend"] is False
+    assert fig["data"][1]["y"] == pytest.approx([1.0, 1 / 3, 1 / 7])
+
+
+def test_x_axis_tokens_and_wall_time():
+    tokens = spec(metric_figure(frame(), "reward", x="tokens"))
+    assert tokens["data"][0]["x"] == [32.0, 72.0, 120.0]  # cumsum of 4*8, 5*8, 6*8
+    assert tokens["layout"]["xaxis"]["title"]["text"] == "completion tokens (cumulative)"
+    wall = spec(metric_figure(frame(), "reward", x="wall time"))
+    assert wall["data"][0]["x"] == [0.0, 2.0, 5.0] and wall["data"][1]["x"] == [0.0, 1.0, 3.0]
+    logged = frame().assign(**{"perf/tokens": [10.0, 20.0, 30.0, 1.0, 2.0, 3.0]})
+    assert spec(metric_figure(logged, "reward", x="tokens"))["data"][1]["x"] == [1.0, 2.0, 3.0]
+
+
+def test_bad_x_axis_names_the_field():
+    with pytest.raises(ValueError, match=r"x='epoch' is not allowed; choose one of: step, tokens, wall time"):
+        metric_figure(frame(), "reward", x="epoch")
+
+
+def test_panels_without_data_are_left_out():
+    keys = available_panels(frame())
+    assert keys == ["reward", "clip", "length", "loss", "step_time"]  # PANELS order
+    assert list(compare_figures(frame())) == [k for k in PANELS if k in keys]
+    assert spec(metric_figure(frame(), "kl"))["data"] == []
+
+
+def test_final_metrics_table_values():
+    table = final_metrics_table(frame(), labels={"a": "grpo"}, last_k=2)
+    assert table["run"].tolist() == ["grpo", "b"]
+    assert table["steps"].tolist() == [3, 3]
+    assert table["reward (best)"].tolist() == [1.0, 1.0]
+    assert table["reward (last 2)"].tolist() == [0.0, 0.75]
+    assert table["loss/policy (last 2)"].tolist() == pytest.approx([0.2, 0.15])  # NaN skipped in the mean
+    assert table["step time (s)"].tolist() == [3.0, 1.0]
+
+
+def test_progress_fraction():
+    assert progress(-1, 30) == 0.0 and progress(14, 30) == 0.5 and progress(29, 30) == 1.0 and progress(3, 0) == 0.0

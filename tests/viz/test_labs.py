@@ -1,0 +1,274 @@
+"""The labs' figure builders: exact hand values, traces, and region counts equal to the core's
+labels on the same tensors."""
+
+import base64
+import json
+import math
+
+import numpy as np
+
+import pandas as pd
+import pytest
+import torch
+
+from workbench.core import REGION_NAMES, PolicyLossConfig, compute_policy_loss
+from workbench.engine.events import _jsonable
+from workbench.viz import lab_aggregation as agg
+from workbench.viz import lab_estimators as est
+from workbench.viz import lab_kl as klv
+from workbench.viz import lab_lens as lensv
+from workbench.viz import lab_regions as reg
+
+torch.set_num_threads(1)
+CFG = PolicyLossConfig(eps_low=0.2, eps_high=0.28, clip_c=2.0)
+
+
+def values(data):
+    """A plotly JSON array as a list: plotly >= 6 writes numeric arrays as typed binary
+    ({"dtype", "bdata", "shape"}) in figure JSON and in Streamlit's spec."""
+    if isinstance(data, dict) and "bdata" in data:
+        arr = np.frombuffer(base64.b64decode(data["bdata"]), dtype=np.dtype(data["dtype"]))
+        if "shape" in data:
+            arr = arr.reshape([int(x) for x in str(data["shape"]).split(",")])
+        return arr.tolist()
+    return data
+
+RATIOS = torch.tensor([0.5, 1.0, 1.5, 2.5], dtype=torch.float64)
+
+
+# ---- PPO regions: analytic ----------------------------------------------------------------
+
+def test_clip_objective_and_gradient_by_hand():
+    obj, grad = reg.objective_and_gradient("clip", RATIOS, 1.0, CFG)
+    # A > 0: R A until 1 + eps_high = 1.28, then flat at 1.28 A with zero gradient (book cases 1-3)
+    assert obj.tolist() == pytest.approx([0.5, 1.0, 1.28, 1.28])
+    assert grad.tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0])
+    obj, grad = reg.objective_and_gradient("clip", RATIOS, -1.0, CFG)
+    # A < 0: flat (1 - eps_low) A below 0.8, R A above, dual clip -c A = ... capped at R > c = 2
+    assert obj.tolist() == pytest.approx([-0.8, -1.0, -1.5, -2.0])
+    assert grad.tolist() == pytest.approx([0.0, -1.0, -1.5, 0.0])
+
+
+def test_cispo_gradient_never_zero_and_gspo_clips_its_sequence_ratio():
+    _, g = reg.objective_and_gradient("cispo", RATIOS, 1.0, PolicyLossConfig(eps_low=1.0, eps_high=0.28))
+    assert g.tolist() == pytest.approx([0.5, 1.0, 1.28, 1.28])  # weight clip(R, 0, 1.28) * A
+    _, g = reg.objective_and_gradient("cispo", RATIOS, -1.0, PolicyLossConfig(eps_low=1.0, eps_high=0.28))
+    assert g.tolist() == pytest.approx([-0.5, -1.0, -1.28, -1.28])
+    _, g = reg.objective_and_gradient("gspo", RATIOS, 1.0, PolicyLossConfig(eps_low=0.05, eps_high=0.05))
+    assert g.tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0])
+
+
+def test_analytic_figure_traces_and_six_shaded_regions():
+    curves = reg.analytic_curves(CFG, gspo=PolicyLossConfig(0.05, 0.05), cispo=PolicyLossConfig(1.0, 0.28), ratios=RATIOS)
+    assert len(curves) == 3 * 2 * 4
+    fig = json.loads(reg.analytic_figure(curves, CFG).to_json())
+    assert len(fig["data"]) == 3 * 2 * 2  # losses x signs x (objective, gradient)
+    assert {t["name"] for t in fig["data"]} == {"PPO clip", "GSPO (sequence ratio s)", "CISPO (surrogate)"}
+    # A > 0: cases 1-3; A < 0: cases 4, 5, 6 and the dual-clip part of 6; each on both columns
+    assert len(fig["layout"]["shapes"]) == (3 + 4) * 2
+    labels = [a.get("text", "") for a in fig["layout"]["annotations"] if ":" in a.get("text", "")]
+    assert [l.split(":")[0] for l in labels] == ["1", "2", "3", "4", "5", "6", "6'"]
+    assert len(reg.book_regions_table()) == 6
+
+
+# ---- PPO regions: empirical --------------------------------------------------------------
+
+def engine_diagnostics(cfg=CFG):
+    """A diagnostics payload built the way the trainer builds it (core loss -> JSON)."""
+    gen = torch.Generator().manual_seed(3)
+    B, T = 6, 5
+    logp = torch.randn(B, T, generator=gen, dtype=torch.float64) * 0.1
+    old = logp + torch.randn(B, T, generator=gen, dtype=torch.float64) * 0.5
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 2.0], dtype=torch.float64)[:, None].expand(B, T).clone()
+    mask = (torch.arange(T)[None] < torch.tensor([5, 3, 4, 5, 2, 1])[:, None]).to(torch.float64)
+    _, diag = compute_policy_loss("clip", logp, old, adv * mask, mask, cfg)
+    payload = dict(region_names=list(REGION_NAMES), ratio=diag.ratio, advantage=adv * mask, mask=mask, loss_mask=mask,
+                   region=diag.region, zero_grad=diag.zero_grad, length=mask.sum(dim=1))
+    return json.loads(json.dumps(_jsonable(payload))), diag, mask
+
+
+def test_token_points_region_counts_equal_core_labels():
+    payload, diag, mask = engine_diagnostics()
+    points = reg.token_points(payload)
+    assert len(points) == int(mask.sum())
+    valid = mask.bool()
+    expected = {name: int(((diag.region == code) & valid).sum()) for code, name in enumerate(REGION_NAMES)}
+    counts = reg.region_counts(points)
+    assert {k: counts.get(k, 0) for k in REGION_NAMES} == expected
+    assert expected["clipped_high"] + expected["clipped_low"] + expected["dual_clipped"] > 0  # the example clips
+    assert reg.zero_grad_fraction(points) == pytest.approx(float(diag.zero_grad[valid].double().mean()))
+
+
+def test_region_scatter_one_trace_per_run_and_region_same_axes():
+    payload, diag, mask = engine_diagnostics()
+    points = reg.token_points(payload)
+    fig = json.loads(reg.region_scatter({"run-a": points, "run-b": points.iloc[:10]}, CFG).to_json())
+    names = [t["name"] for t in fig["data"]]
+    assert names == [f"run-a: {r}" for r in sorted(points["region"].unique())] + \
+                    [f"run-b: {r}" for r in sorted(points.iloc[:10]["region"].unique())]
+    trust = next(t for t in fig["data"] if t["name"] == "run-a: trust")
+    assert len(values(trust["x"])) == reg.region_counts(points)["trust"]
+    assert {t["marker"]["symbol"] for t in fig["data"] if t["name"].startswith("run-b")} == {"x"}
+    assert all(t.get("xaxis", "x") == "x" for t in fig["data"])
+    assert len(fig["layout"]["shapes"]) == 3 + 4
+
+
+def test_region_shares_sum_to_one_per_step():
+    payload, _, _ = engine_diagnostics()
+    shares = reg.region_shares({0: payload, 5: payload})
+    regions = shares[shares["region"] != "zero_grad"]
+    assert regions.groupby("step")["share"].sum().tolist() == pytest.approx([1.0, 1.0])
+    fig = json.loads(reg.region_share_figure({"r": shares}).to_json())
+    assert len(fig["data"]) == len(REGION_NAMES) + 2  # + masked + zero_grad
+    assert values(fig["data"][0]["x"]) == [0, 5]
+
+
+# ---- loss aggregation ---------------------------------------------------------------------
+
+def test_book_example_per_token_gradients():
+    table = agg.aggregation_table(agg.BOOK_EXAMPLE, max_len=7)
+    first = table.groupby(["mode", "seq"])["grad_wrt_ratio"].first()
+    assert first["seq-mean-token-mean"].tolist() == pytest.approx([0.25, 1 / 7])
+    assert first["seq-mean-token-sum-norm"].tolist() == pytest.approx([1 / 7, 1 / 7])
+    assert first["token-mean"].tolist() == pytest.approx([2 / 11, 2 / 11])
+    assert first["seq-mean-token-sum"].tolist() == pytest.approx([1.0, 1.0])
+    weight = table.groupby(["mode", "seq"])["weight"].first()
+    assert weight["token-mean"].tolist() == pytest.approx([1 / 11, 1 / 11])  # the book's printed 0.0909
+    loss = table.groupby("mode")["loss"].first()
+    assert loss["seq-mean-token-mean"] == pytest.approx(2.0)
+    assert loss["seq-mean-token-sum-norm"] == pytest.approx((8 + 14) / 14)
+
+
+def test_aggregation_figure_and_parse_errors():
+    table = agg.aggregation_table([[1, 1], [1, 1, 1]], max_len=4)
+    fig = json.loads(agg.aggregation_figure(table, "weight").to_json())
+    assert [t["name"] for t in fig["data"]] == list(agg.LAB_MODES)
+    assert fig["data"][0]["x"] == ["s0 t0", "s0 t1", "s1 t0", "s1 t1", "s1 t2"]
+    assert values(fig["data"][0]["y"]) == pytest.approx([0.2] * 5)
+    assert agg.parse_sequences("1, 2\n3") == [[1.0, 2.0], [3.0]]
+    with pytest.raises(ValueError, match="line 2='1, x'"):
+        agg.parse_sequences("1\n1, x")
+
+
+def test_run_batch_weights_by_hand():
+    diag = {"mask": [[1, 1, 0, 0], [1, 1, 1, 1]], "loss_mask": [[1, 1, 0, 0], [1, 1, 1, 1]]}
+    w = agg.run_batch_weights(diag, max_len=4).set_index(["mode", "seq"])
+    assert w.loc[("seq-mean-token-mean", 0), "weight"] == pytest.approx(1 / 4)
+    assert w.loc[("seq-mean-token-mean", 1), "weight"] == pytest.approx(1 / 8)
+    assert w.loc[("token-mean", 0), "weight"] == pytest.approx(1 / 6)
+    assert w.loc[("seq-mean-token-sum-norm", 1), "weight"] == pytest.approx(1 / 8)
+    assert w.loc[("seq-mean-token-sum", 1), "total"] == pytest.approx(2.0)
+    fig = json.loads(agg.weight_vs_length_figure(w.reset_index(), "token-mean").to_json())
+    assert [t["line"]["width"] for t in fig["data"]] == [4, 2, 2, 2]
+
+
+def test_length_drift_figure():
+    m = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "step": [1, 0, 0, 1], "completions/mean_length": [5.0, 4.0, 4.0, 3.0]})
+    fig = json.loads(agg.length_drift_figure(m, {"a": "a (token-mean)"}).to_json())
+    assert [t["name"] for t in fig["data"]] == ["a (token-mean)", "b"]
+    assert values(fig["data"][0]["x"]) == [0, 1] and values(fig["data"][0]["y"]) == [4.0, 5.0]
+    with pytest.raises(ValueError, match="no column 'x'"):
+        agg.length_drift_figure(m, column="x")
+
+
+# ---- estimators ---------------------------------------------------------------------------
+
+def test_all_estimators_side_by_side_by_hand():
+    t = est.sequence_advantages([1, 0, 0, 0, 1, 1, 1, 0], group_size=4, eps=0.0)
+    assert t["Dr. GRPO"].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75])
+    assert t["RLOO"].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, 1 / 3, -1.0])
+    assert t["GRPO"].tolist()[:2] == pytest.approx([1.5, -0.5])  # group std 0.5
+    assert t["REINFORCE (batch mean)"].tolist()[0] == pytest.approx(0.5)
+    fig = json.loads(est.advantages_figure(t).to_json())
+    assert [d["name"] for d in fig["data"]] == [v.label for v in est.SEQUENCE_VARIANTS]
+    with pytest.raises(ValueError, match="group size=3"):
+        est.sequence_advantages([1, 0, 0, 0], group_size=3)
+
+
+def test_gae_table_by_hand():
+    t = est.gae_table([0, 0, 1], [0.5, 0.5, 0.5], gamma=1.0, lam=0.5)
+    assert t["delta (= A at lambda 0)"].tolist() == pytest.approx([0.0, 0.0, 0.5])
+    assert t["A (GAE)"].tolist() == pytest.approx([0.125, 0.25, 0.5])
+    assert t["A (lambda 1: G_t - V_t)"].tolist() == pytest.approx([0.5, 0.5, 0.5])
+    assert t["return (A + V)"].tolist() == pytest.approx([0.625, 0.75, 1.0])
+    with pytest.raises(ValueError, match="values has 2 entries"):
+        est.gae_table([0, 1, 1], [0.5, 0.5], 1.0, 1.0)
+
+
+def test_bias_examples_by_hand():
+    s = est.std_bias_example(eps=0.0)
+    assert s["GRPO A(correct)"].tolist() == pytest.approx([1.5, 0.5 / math.sqrt(1 / 3)])
+    assert s["Dr. GRPO A(correct)"].tolist() == pytest.approx([0.75, 0.5])
+    lb = est.length_bias_example().set_index("mode")
+    assert lb.iloc[:, 0].tolist() == pytest.approx([1 / 8, 1 / 11, 1 / 14])
+    assert lb.iloc[:, 1].tolist() == pytest.approx([-1 / 14, -1 / 11, -1 / 14])
+
+
+def test_per_token_policy_gradients_by_hand():
+    t = est.per_token_policy_gradients([0.0, 0.5], 1.0, PolicyLossConfig(0.2, 0.2), PolicyLossConfig(0.2, 0.2),
+                                       PolicyLossConfig(eps_low=1.0, eps_high=0.28))
+    assert t["PPO clip grad"].tolist() == pytest.approx([1.0, 0.0])  # e^0.5 = 1.65 > 1.2: clipped
+    assert t["GSPO ratio"].tolist() == pytest.approx([math.exp(0.25)] * 2)
+    assert t["GSPO grad"].tolist() == pytest.approx([0.0, 0.0])  # s = 1.284 > 1.2: whole sequence clipped
+    assert t["CISPO grad"].tolist() == pytest.approx([1.0, 1.28])  # weight capped, gradient kept
+    assert "def clip_policy_loss" in est.source_of(compute_policy_loss.__globals__["clip_policy_loss"])
+
+
+# ---- KL -----------------------------------------------------------------------------------
+
+def test_kl_moments_by_hand():
+    pi, ref = klv.categorical([0.5, 0.5], "pi"), klv.categorical([1, 3], "ref")
+    kl = 0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75)
+    assert klv.true_kl(pi, ref) == pytest.approx(kl)
+    m = klv.estimator_moments(pi, ref).set_index("estimator")
+    assert m.loc["k1", "bias"] == pytest.approx(0.0, abs=1e-12)
+    assert m.loc["k3", "bias"] == pytest.approx(0.0, abs=1e-12)
+    d0, d1 = math.log(0.25 / 0.5), math.log(0.75 / 0.5)
+    assert m.loc["k2", "mean"] == pytest.approx(0.25 * (d0 ** 2 + d1 ** 2))
+    assert m.loc["k1", "variance"] == pytest.approx(0.25 * (d1 - d0) ** 2)
+    bv = klv.bias_variance_vs_samples(pi, ref, [1, 4]).set_index(["estimator", "n"])
+    assert bv.loc[("k1", 4), "std"] == pytest.approx(math.sqrt(0.25 * (d1 - d0) ** 2 / 4))
+    with pytest.raises(ValueError, match=r"pi=\[1.0, 0.0\]"):
+        klv.categorical([1.0, 0.0], "pi")
+
+
+def test_kl_monte_carlo_is_seeded_and_figure_has_all_estimators():
+    pi, ref = klv.categorical([0.5, 0.3, 0.2], "pi"), klv.categorical([0.2, 0.3, 0.5], "ref")
+    a = klv.monte_carlo(pi, ref, [4, 256], trials=100, seed=1)
+    assert a.equals(klv.monte_carlo(pi, ref, [4, 256], trials=100, seed=1))
+    k1 = a[(a["estimator"] == "k1") & (a["n"] == 256)].iloc[0]
+    assert abs(k1["mean"] - klv.true_kl(pi, ref)) < 4 * k1["std"] / math.sqrt(100)
+    fig = json.loads(klv.kl_figure(klv.bias_variance_vs_samples(pi, ref, [1, 4]), klv.true_kl(pi, ref), a).to_json())
+    names = {t["name"] for t in fig["data"]}
+    assert {"k1 expectation", "k2 expectation", "k3 expectation", "k1 Monte Carlo"} <= names
+
+
+def test_placement_table_from_presets():
+    t = klv.placement_table().set_index("preset")
+    assert t.loc["grpo", "placement"] == "in_loss" and t.loc["grpo", "estimator"] == "k3"
+    assert t.loc["rloo", "placement"] == "in_reward" and t.loc["rloo", "estimator"] == "k1"
+    assert t.loc["dr_grpo", "estimator"] == "-"
+
+
+# ---- lens ---------------------------------------------------------------------------------
+
+def lens_payload(step, cos):
+    combos = [{"advantage": a, "policy_loss": l, "loss": 0.1, "grad_norm": 1.0, "cos_run": cos if a == "rloo" else 1.0,
+               "cos_update": None, "zero_grad": 0.0} for a in ("dr_grpo", "rloo") for l in ("clip", "cispo")]
+    return {"step": step, "run": {"advantage": "dr_grpo", "policy_loss": "clip"}, "points": {"before": combos, "after": combos}}
+
+
+def test_lens_frame_and_figures():
+    frame = lensv.lens_frame([lens_payload(2, 0.5), lens_payload(0, 1.0)])
+    assert len(frame) == 2 * 2 * 4
+    assert frame["step"].tolist()[0] == 0
+    assert frame["cos_update"].isna().all()
+    fig = json.loads(lensv.lens_over_run_figure(frame, "cos_run", "before").to_json())
+    assert [t["name"] for t in fig["data"]] == ["dr_grpo x clip (this run)", "dr_grpo x cispo", "rloo x clip", "rloo x cispo"]
+    assert values(fig["data"][2]["y"]) == [1.0, 0.5]
+    assert fig["data"][0]["line"]["width"] == 4
+    heat = json.loads(lensv.lens_heatmap(frame, 2, "cos_run").to_json())["data"][0]
+    assert heat["y"] == ["dr_grpo", "rloo"] and heat["x"] == ["clip", "cispo"]
+    assert values(heat["z"]) == [[1.0, 1.0], [0.5, 0.5]]
+    with pytest.raises(ValueError, match="lens metric='nope'"):
+        lensv.lens_over_run_figure(frame, "nope")

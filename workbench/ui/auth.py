@@ -1,0 +1,159 @@
+"""Who may launch, cancel and delete runs, and who owns them.
+
+Policy (pure, :func:`auth_policy`): when the app listens beyond this machine (``server.address``
+not localhost / 127.0.0.1 / ::1; an empty address means *all interfaces*) or a password is
+configured, every launch / cancel / delete / settings change needs a signed-in user. The password
+comes from the environment variable ``WORKBENCH_PASSWORD`` or ``st.secrets["password"]`` and is
+compared in constant time (``hmac.compare_digest``). With no password on a non-local address the
+actions stay disabled, and the page says how to set one. The name typed at sign-in is recorded as
+the owner (``created_by``) of what that session launches; it is kept in
+``st.session_state["wb_user"]``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hmac
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import streamlit as st
+
+PASSWORD_ENV = "WORKBENCH_PASSWORD"
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+USER_KEY, AUTHED_KEY = "wb_user", "wb_authed"
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+USER_RULE = "1-64 characters: letters, digits, '.', '_', '@', '-', starting with a letter or digit"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``required``: actions need a signed-in user; ``possible``: a password exists to sign in
+    with; ``reason``: the sentence the login form shows."""
+
+    required: bool
+    possible: bool
+    reason: str
+
+
+def is_local_address(address: str | None) -> bool:
+    """True only for loopback names; '' / None / 0.0.0.0 listen on every interface."""
+    return (address or "").strip().strip("[]") in LOCAL_ADDRESSES
+
+
+def auth_policy(address: str | None, password: str | None) -> Policy:
+    """What the app asks of a user, given where it listens and whether a password is set."""
+    shown = address or "all interfaces"
+    if not is_local_address(address):
+        if not password:
+            return Policy(True, False,
+                          f"This workbench listens on {shown}, beyond this machine, and no password is set: "
+                          f"launching, cancelling and deleting are disabled. Set the environment variable "
+                          f"{PASSWORD_ENV} (or `password` in .streamlit/secrets.toml) and restart the app.")
+        return Policy(True, True, f"This workbench listens on {shown}, beyond this machine: sign in to launch, "
+                                  "cancel or delete runs. Your name is recorded as the runs' owner.")
+    if password:
+        return Policy(True, True, "A workbench password is set: sign in to launch, cancel or delete runs. "
+                                  "Your name is recorded as the runs' owner.")
+    return Policy(False, True, "This workbench only listens on this machine; no sign-in needed.")
+
+
+def password_matches(given: str, expected: str) -> bool:
+    """Constant-time comparison (no early exit that leaks how many characters matched)."""
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+def check_user_name(name: str) -> str:
+    name = (name or "").strip()
+    if not _USER.match(name):
+        raise ValueError(f"user={name!r} is not allowed; {USER_RULE}")
+    return name
+
+
+def configured_password() -> str | None:
+    """``WORKBENCH_PASSWORD`` if set, else ``st.secrets['password']``, else None."""
+    value = os.environ.get(PASSWORD_ENV)
+    if value:
+        return value
+    try:
+        secret = st.secrets.get("password")
+    except Exception:  # no secrets.toml at all: Streamlit raises instead of returning None
+        secret = None
+    return str(secret) if secret else None
+
+
+def current_policy() -> Policy:
+    return auth_policy(st.get_option("server.address"), configured_password())
+
+
+def current_user() -> str:
+    """The signed-in name, or the OS user when no sign-in is needed."""
+    user = st.session_state.get(USER_KEY)
+    if user:
+        return user
+    try:
+        return check_user_name(getpass.getuser())
+    except (ValueError, OSError, KeyError):
+        return "local"
+
+
+def can_act() -> bool:
+    """May this session launch / cancel / delete / change settings?"""
+    policy = current_policy()
+    return not policy.required or bool(st.session_state.get(AUTHED_KEY))
+
+
+def blocked_reason() -> str | None:
+    """Why actions are disabled for this session (None when they are allowed)."""
+    if can_act():
+        return None
+    policy = current_policy()
+    return policy.reason if not policy.possible else "Sign in (sidebar) to launch, cancel or delete runs."
+
+
+def sign_in(user: str, password: str) -> str | None:
+    """Check a sign-in; on success record the user and return None, else the error message."""
+    expected = configured_password()
+    if not expected:
+        return current_policy().reason
+    try:
+        user = check_user_name(user)
+    except ValueError as err:
+        return str(err)
+    if not password_matches(password, expected):
+        time.sleep(0.5)  # slows guessing from one session; the comparison itself leaks nothing
+        return "Wrong password."
+    st.session_state[USER_KEY], st.session_state[AUTHED_KEY] = user, True
+    return None
+
+
+def sidebar() -> None:
+    """The sign-in form (or who is signed in) in the sidebar."""
+    policy = current_policy()
+    with st.sidebar:
+        if not policy.required:
+            st.caption(f"User: **{current_user()}** (local). {policy.reason}")
+            return
+        if st.session_state.get(AUTHED_KEY):
+            st.caption(f"Signed in as **{st.session_state[USER_KEY]}**.")
+            if st.button("Sign out", key="wb_sign_out"):
+                st.session_state.pop(USER_KEY, None)
+                st.session_state.pop(AUTHED_KEY, None)
+                st.rerun()
+            return
+        st.markdown("**Sign in**")
+        st.caption(policy.reason)
+        if not policy.possible:
+            return
+        with st.form("wb_login", clear_on_submit=False):
+            user = st.text_input("Your name (recorded as the owner of your runs)", key="wb_login_user")
+            password = st.text_input("Password", type="password", key="wb_login_password")
+            submitted = st.form_submit_button("Sign in")
+        if submitted:
+            error = sign_in(user, password)
+            if error:
+                st.error(error)
+            else:
+                st.rerun()

@@ -1,0 +1,178 @@
+"""Estimator walkthroughs: one page per algorithm (GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO with
+GAE, GSPO, CISPO). Each shows the equations, the project's own implementation
+(``inspect.getsource``), editable inputs with the advantages of *all* estimators side by side,
+the known biases as worked examples, and a button launching a short run with these settings.
+Layout and widgets only; numbers from ``workbench.viz.lab_estimators`` (i.e. workbench.core).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import streamlit as st
+
+from workbench.core import PolicyLossConfig, advantages as core_adv, policy_losses as core_pl
+from workbench.recipe import load_recipe
+from workbench.ui.labs._shared import launch_button
+from workbench.viz import lab_estimators as viz
+
+
+@dataclass(frozen=True)
+class Walkthrough:
+    key: str
+    title: str
+    preset: str
+    equations: tuple[str, ...]
+    functions: tuple[Callable, ...]
+    summary: str
+    inputs: str = "rewards"  # rewards | gae | ratios
+    biases: tuple[str, ...] = ()
+    extra_overrides: tuple[str, ...] = field(default_factory=tuple)
+
+
+GRPO_EQ = r"A_i = \frac{r_i - \operatorname{mean}(r_{1..G})}{\operatorname{std}(r_{1..G}) + \varepsilon}"
+CLIP_EQ = (r"J(\theta) = \frac{1}{G}\sum_i \frac{1}{|o_i|}\sum_t \min\big(\rho_{i,t} A_i,\ "
+           r"\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_i\big) - \beta\, \mathrm{KL}_t")
+
+WALKTHROUGHS: dict[str, Walkthrough] = {w.key: w for w in (
+    Walkthrough("grpo", "GRPO", "grpo", (GRPO_EQ, CLIP_EQ), (core_adv.grpo_advantages, core_pl.clip_policy_loss),
+                "Group-standardised rewards (DeepSeekMath, Shao et al. 2024), PPO clip, per-sequence mean, k3 KL in the loss.",
+                biases=("std", "length")),
+    Walkthrough("dr_grpo", "Dr. GRPO", "dr_grpo",
+                (r"A_i = r_i - \operatorname{mean}(r_{1..G})",
+                 r"L = \frac{1}{B\, L_{max}} \sum_i \sum_t \ell_{i,t} \quad\text{(seq-mean-token-sum-norm)}"),
+                (core_adv.grpo_advantages,),
+                "GRPO without the std and the 1/|o_i| normalisations (Liu et al. 2025).", biases=("std", "length")),
+    Walkthrough("rloo", "RLOO", "rloo",
+                (r"A_i = r_i - \frac{1}{G-1}\sum_{j \ne i} r_j = \frac{G}{G-1}\big(r_i - \operatorname{mean}(r)\big)",),
+                (core_adv.rloo_advantages,),
+                "Leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024); KL folded into the reward."),
+    Walkthrough("reinforce_pp", "REINFORCE++", "reinforce_pp",
+                (r"r_t = -\beta\, \mathrm{KL}_t + [t = |o|]\, r", r"G_t = \sum_{l \ge 0} \gamma^l r_{t+l}",
+                 r"A_t = \frac{G_t - \operatorname{mean}_{batch}(G)}{\operatorname{std}_{batch}(G)}"),
+                (core_adv.reinforce_pp_advantages, core_adv._reinforce_pp_from_sequence_rewards),
+                "Token rewards with the KL, returns-to-go, whitened over the whole batch (Hu 2025): no group baseline."),
+    Walkthrough("ppo", "PPO with GAE", "ppo",
+                (r"\delta_t = r_t + \gamma V_{t+1} - V_t", r"A_t = \sum_{l \ge 0} (\gamma\lambda)^l \delta_{t+l}",
+                 r"R_t = A_t + V_t \quad\text{(critic targets)}"),
+                (core_adv.gae_advantages,),
+                "A learned critic V and GAE (Schulman et al. 2016): per-token credit assignment.", inputs="gae"),
+    Walkthrough("gspo", "GSPO", "gspo",
+                (r"s_i = \exp\Big(\frac{1}{|o_i|}\sum_t \log\frac{\pi_\theta(o_{i,t})}{\pi_{old}(o_{i,t})}\Big)",
+                 r"J = \frac{1}{G}\sum_i \min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\varepsilon, 1+\varepsilon) A_i\big)"),
+                (core_pl.sequence_log_ratio, core_pl.gspo_policy_loss),
+                "One length-normalised sequence ratio, clipped per sequence (Zheng et al. 2025).", inputs="ratios"),
+    Walkthrough("cispo", "CISPO", "cispo",
+                (r"J = \frac{1}{\sum_i |o_i|}\sum_{i,t} \operatorname{sg}\big(\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{low}, 1+\varepsilon_{high})\big) A_i \log\pi_\theta(o_{i,t})",),
+                (core_pl.cispo_policy_loss,),
+                "Clip the importance weight, not the update: every token keeps a gradient (MiniMax-M1, 2025).", inputs="ratios"),
+)}
+
+
+def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
+    """Editable group(s) of rewards -> advantages of all estimators. Returns recipe overrides."""
+    c1, c2, c3 = st.columns([3, 1, 1])
+    text = c1.text_input("Rewards (groups of G contiguous completions)", "1, 0, 0, 0, 1, 1, 1, 0", key=f"{w.key}_rewards")
+    G = c2.number_input("G (group size)", 1, 64, 4, key=f"{w.key}_G")
+    eps = c3.number_input("eps", 0.0, 1.0, 1e-6, format="%.0e", key=f"{w.key}_eps")
+    try:
+        rewards = viz.parse_numbers(text, "rewards")
+        table = viz.sequence_advantages(rewards, int(G), eps)
+    except ValueError as err:
+        st.error(str(err))
+        return [], False
+    st.dataframe(table, hide_index=True, key=f"{w.key}_adv_table")
+    st.plotly_chart(viz.advantages_figure(table), key=f"{w.key}_adv_fig")
+    return [f"sampling.num_generations={int(G)}", f"algorithm.adv_eps={eps}"], int(G) >= 2
+
+
+def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
+    c1, c2 = st.columns(2)
+    rtext = c1.text_input("Per-token rewards r_t", "0, 0, 0, 0, 1", key=f"{w.key}_rt")
+    vtext = c2.text_input("Values V_t (the critic)", "0.2, 0.3, 0.4, 0.6, 0.8", key=f"{w.key}_vt")
+    c3, c4 = st.columns(2)
+    gamma = c3.slider("gamma", 0.0, 1.0, 1.0, 0.01, key=f"{w.key}_gamma")
+    lam = c4.slider("lambda", 0.0, 1.0, 0.95, 0.01, key=f"{w.key}_lam")
+    try:
+        table = viz.gae_table(viz.parse_numbers(rtext, "per-token rewards"), viz.parse_numbers(vtext, "values"), gamma, lam)
+    except ValueError as err:
+        st.error(str(err))
+        return [], False
+    st.dataframe(table, hide_index=True, key=f"{w.key}_gae_table")
+    st.plotly_chart(viz.gae_figure(table), key=f"{w.key}_gae_fig")
+    st.caption("lambda = 0: one-step TD error (low variance, biased by the critic); lambda = 1: Monte Carlo return minus V.")
+    st.markdown("**The same sequence-level rewards through every estimator**")
+    overrides, ok = _rewards_block(w)
+    return [f"algorithm.gamma={gamma}", f"algorithm.lam={lam}", *overrides], ok
+
+
+def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
+    text = st.text_input("Per-token log-ratios log(pi/pi_old) of one sequence", "0.0, 0.1, 0.5, -0.1, 2.0", key=f"{w.key}_lr")
+    c1, c2, c3 = st.columns(3)
+    adv = c1.slider("Advantage A", -2.0, 2.0, 1.0, 0.1, key=f"{w.key}_A")
+    eps = c2.slider("eps (clip & GSPO)", 0.0, 0.5, 0.2, 0.01, key=f"{w.key}_eps_clip")
+    cap = c3.slider("CISPO eps_high", 0.0, 4.0, 0.28, 0.01, key=f"{w.key}_cispo_high")
+    try:
+        table = viz.per_token_policy_gradients(viz.parse_numbers(text, "log-ratios"), adv, PolicyLossConfig(eps, eps),
+                                               PolicyLossConfig(eps, eps), PolicyLossConfig(eps_low=1.0, eps_high=cap))
+    except ValueError as err:
+        st.error(str(err))
+        return [], False
+    st.dataframe(table, hide_index=True, key=f"{w.key}_pg_table")
+    st.plotly_chart(viz.policy_gradient_figure(table), key=f"{w.key}_pg_fig")
+    st.caption("PPO clip zeroes the gradient of each token outside its trust region; GSPO clips the whole sequence on "
+               "its geometric-mean ratio s (one outlier token moves s only by 1/|o|); CISPO clips the weight but every "
+               "token keeps a gradient.")
+    st.markdown("**Advantages of all estimators on one group**")
+    return _rewards_block(w)
+
+
+INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_block}
+
+
+def _biases(w: Walkthrough) -> None:
+    st.subheader("Known biases, worked")
+    if "std" in w.biases or not w.biases:
+        st.markdown("**Std normalisation favours low-variance groups.** A correct answer in a group that is almost all wrong "
+                    "(or all right) gets a larger advantage than the same answer in a balanced group:")
+        st.dataframe(viz.std_bias_example(), hide_index=True, key=f"{w.key}_std_bias")
+    if "length" in w.biases or not w.biases:
+        st.markdown("**Length bias of per-sequence averaging.** A correct 4-token answer (+A) and a wrong 7-token answer "
+                    "(-A): under seq-mean-token-mean each token of the long wrong answer is pushed down less, so long wrong "
+                    "answers are penalised less and lengths grow:")
+        st.dataframe(viz.length_bias_example(), hide_index=True, key=f"{w.key}_len_bias")
+
+
+def render_walkthrough(key: str) -> None:
+    w = WALKTHROUGHS[key]
+    st.title(f"Walkthrough: {w.title}")
+    st.caption(w.summary)
+    for eq in w.equations:
+        st.latex(eq)
+    with st.expander("The implementation the engine trains with (inspect.getsource)"):
+        st.code(viz.source_of(*w.functions), language="python")
+    overrides, launchable = INPUT_BLOCKS[w.inputs](w)
+    _biases(w)
+    st.subheader("Try it")
+    if not launchable:
+        st.caption("A group baseline needs G >= 2 to launch a run.")
+        return
+    try:
+        recipe = load_recipe(w.preset, [*overrides, "train.steps=20", *w.extra_overrides])
+    except ValueError as err:
+        st.error(str(err))
+        return
+    launch_button([recipe], key=f"{w.key}_launch", label=f"Launch a 20-step {w.title} run with these settings")
+
+
+def _page(key: str) -> Callable[[], None]:
+    def render() -> None:
+        render_walkthrough(key)
+
+    render.__name__ = f"render_{key}"
+    return render
+
+
+PAGES: list[tuple[Callable[[], None], str, str]] = [(_page(k), f"Walkthrough: {w.title}", f"walkthrough-{k.replace('_', '-')}")
+                                                    for k, w in WALKTHROUGHS.items()]

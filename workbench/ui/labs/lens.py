@@ -1,0 +1,44 @@
+"""Same-batch lens lab: how far every estimator x policy loss would have pulled the same model
+apart, over a run. Layout only; figures from workbench.viz.lab_lens."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench.recipe import load_recipe
+from workbench.ui.labs._shared import launch_button, open_store, pick_runs
+from workbench.viz import lab_lens as viz
+
+POINTS = {"before": "before the step (ratio 1: estimators differ)", "after": "after the step (ratio moved: losses differ)"}
+
+
+def render() -> None:
+    st.title("Same-batch lens")
+    st.caption("Every logging.lens_every steps the engine evaluates every advantage estimator x policy loss on the "
+               "step's own batch: loss, gradient norm, and the cosine between each one's gradient and the run's own "
+               "gradient / the update actually taken (workbench/engine/lens.py).")
+    store = open_store()
+    if store is None:
+        return
+    with st.expander("Launch a short run with the lens on"):
+        st.caption("GRPO, 20 steps, lens every 2 steps (about doubles the step time on the tiny model, so it is off by default).")
+        launch_button([load_recipe("grpo", ["train.steps=20", "train.mu=2", "logging.lens_every=2"])], key="lens_launch",
+                      label="Launch GRPO with the lens")
+    run_ids = pick_runs(store, key="lens_run", label="Run", multi=False)
+    if not run_ids:
+        return
+    frame = viz.lens_frame(store.lens(run_ids[0]))
+    if not len(frame):
+        st.info("This run has no lens events: launch it with logging.lens_every > 0.")
+        return
+    c1, c2, c3 = st.columns(3)
+    metric = c1.selectbox("Metric", list(viz.LENS_METRICS), format_func=viz.LENS_METRICS.get, key="lens_metric")
+    point = c2.radio("Evaluated", list(POINTS), format_func=POINTS.get, key="lens_point")
+    losses = ["all"] + list(dict.fromkeys(frame["policy_loss"]))
+    loss = c3.selectbox("Policy loss", losses, key="lens_loss")
+    st.plotly_chart(viz.lens_over_run_figure(frame, metric, point, None if loss == "all" else loss), key="lens_over_run")
+    steps = sorted(frame["step"].unique())
+    step = st.select_slider("Step for the grid", steps, value=steps[-1], key="lens_step")
+    st.plotly_chart(viz.lens_heatmap(frame, int(step), metric, point), key="lens_heatmap")
+    st.caption("RLOO = G/(G-1) x Dr. GRPO: their rows always agree in direction (cosine 1). At 'before' the ratio is 1, "
+               "so every policy loss gives the same gradient; the policy losses part ways once the ratio has moved.")

@@ -1,0 +1,71 @@
+"""PPO-region lab: the clipped objective against the ratio (analytic), and where a run's tokens
+fell (empirical). Layout and widgets only; figures from ``workbench.viz.lab_regions``."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench.core import PolicyLossConfig
+from workbench.recipe import load_recipe
+from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
+from workbench.viz import lab_regions as viz
+
+
+def _analytic() -> None:
+    st.subheader("Analytic: objective and gradient against the ratio")
+    c1, c2, c3, c4 = st.columns(4)
+    eps_low = c1.slider("eps_low", 0.0, 0.9, 0.2, 0.01, key="ppo_eps_low", help="R below 1 - eps_low stops A<0 updates (PPO 0.2)")
+    eps_high = c2.slider("eps_high", 0.0, 0.9, 0.28, 0.01, key="ppo_eps_high", help="R above 1 + eps_high stops A>0 updates (DAPO clip-higher 0.28)")
+    use_c = c3.checkbox("dual clip c", value=True, key="ppo_use_c", help="verl clip_ratio_c: caps the loss of A<0 tokens whose ratio exploded")
+    c = c3.slider("c", 1.05, 5.0, 2.0, 0.05, key="ppo_c", disabled=not use_c)
+    adv = c4.slider("|A|", 0.1, 3.0, 1.0, 0.1, key="ppo_adv")
+    g1, g2, g3 = st.columns(3)
+    gspo_low = g1.number_input("GSPO eps_low", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_low",
+                               help="The paper uses 3e-4 on its sequence ratio; widened here so the band is visible")
+    gspo_high = g2.number_input("GSPO eps_high", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_high")
+    cispo_high = g3.slider("CISPO eps_high (weight cap 1 + eps_high)", 0.0, 4.0, 0.28, 0.01, key="ppo_cispo_high")
+    if use_c and c <= 1.0 + eps_high:
+        st.error(f"dual clip c={c} must be greater than 1 + eps_high = {1 + eps_high:g}; raise c or lower eps_high")
+        return
+    cfg = PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, clip_c=c if use_c else None)
+    curves = viz.analytic_curves(cfg, gspo=PolicyLossConfig(eps_low=gspo_low, eps_high=gspo_high),
+                                 cispo=PolicyLossConfig(eps_low=1.0, eps_high=cispo_high), advantages=(adv, -adv))
+    st.plotly_chart(viz.analytic_figure(curves, cfg), key="ppo_analytic")
+    st.caption("Curves are `workbench.core.compute_policy_loss` on a grid of ratios; gradients by autograd, per unit "
+               "of log-probability (dJ/dlog pi = R A inside the trust region). GSPO's x-axis is the sequence ratio s; "
+               "CISPO's surrogate value is sg(w) A log R, and only its gradient w A (never zero) matters.")
+    st.dataframe(viz.book_regions_table(), hide_index=True, key="ppo_book_table")
+
+
+def _empirical() -> None:
+    st.subheader("Empirical: what happened to a run's tokens")
+    store = open_store()
+    if store is None:
+        return
+    run_ids = pick_runs(store, key="ppo_runs", label="Runs (two or more: same axes)")
+    with st.expander("No run with clipping yet? Launch a short one"):
+        st.caption("GRPO with mu = 2 passes per batch, so the ratio moves away from 1 and the clip bites.")
+        launch_button([load_recipe("grpo", ["train.mu=2", "train.steps=20"])], key="ppo_launch", label="Launch GRPO, mu = 2, 20 steps")
+    if not run_ids:
+        return
+    diags = {rid: diagnostics_by_step(store, rid) for rid in run_ids}
+    steps = sorted(set().union(*[set(d) for d in diags.values()]))
+    if not steps:
+        st.info("These runs have no diagnostics events yet (logging.diagnostics_every = 0, or no step finished).")
+        return
+    step = st.select_slider("Step", steps, value=steps[-1], key="ppo_step")
+    recipe = run_recipe(store, run_ids[0])
+    points = {rid: viz.token_points(diags[rid][step]) for rid in run_ids if step in diags[rid]}
+    cols = st.columns(max(len(points), 1))
+    for col, (rid, p) in zip(cols, points.items()):
+        col.metric(f"zero-gradient tokens · {rid}", f"{viz.zero_grad_fraction(p):.1%}", help="tokens whose policy gradient was exactly 0 (clipped, A = 0, or masked)")
+    st.plotly_chart(viz.region_scatter(points, recipe.policy_loss_config() if recipe else None), key="ppo_scatter")
+    st.plotly_chart(viz.region_share_figure({rid: viz.region_shares(d) for rid, d in diags.items()}), key="ppo_shares")
+
+
+def render() -> None:
+    st.title("PPO clip regions")
+    st.caption("The six cases of the clipped objective (RLHF book, policy-gradient chapter) from the formulas, "
+               "next to where a real run's tokens fell. Every number comes from workbench.core.")
+    _analytic()
+    _empirical()

@@ -1,0 +1,283 @@
+"""Every Recipe field as a widget, with its docstring as help and its validation error beside it.
+
+The pure part (:func:`field_specs`, :func:`parse_field`, :func:`validate_form`,
+:func:`comparison_recipes`) knows nothing of Streamlit and is unit tested; :func:`render_form`
+only places widgets. Typed values are parsed with ``yaml.safe_load`` (plain data, never code);
+reward functions are limited to the built-in registry and datasets to files inside the workbench
+home, so nothing typed into the page can make a run import or read arbitrary code or files.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import streamlit as st
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from workbench.engine.rewards import REWARD_REGISTRY
+from workbench.engine.tasks import TASKS
+from workbench.home import confined_path
+from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
+
+SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
+            "logging": "Logging"}
+NO_TASK = "(none: use the dataset)"
+KEY_PREFIX = "rf:"
+_MODEL_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+# What "the same experiment" means for a comparison group: these come from the edited recipe,
+# everything else (algorithm, optimiser, mu / minibatches) from each algorithm's preset.
+SHARED_FIELDS = ("model", "task", "dataset", "reward_funcs", "reward_weights", "sampling", "logging")
+SHARED_TRAIN_FIELDS = ("steps", "seed", "rollout", "precision", "threads")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One editable field. ``kind``: choice (selectbox), multi (multiselect), bool (checkbox),
+    text (free string) or value (YAML scalar / list: numbers, None, [a, b])."""
+
+    path: str
+    kind: str
+    help: str
+    choices: tuple[Any, ...] = ()
+    optional: bool = False
+
+    @property
+    def key(self) -> str:
+        return KEY_PREFIX + self.path
+
+    @property
+    def label(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+
+def _choices_of(section: str, name: str, annotation) -> tuple[Any, ...] | None:
+    if section == "algorithm" and name in _NAMED_CHOICES:
+        return tuple(_NAMED_CHOICES[name]())
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    return None
+
+
+def _is_optional(annotation) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _section_specs(section: str, model: type[BaseModel]) -> list[FieldSpec]:
+    specs = []
+    for name, field in model.model_fields.items():
+        path, annotation, help_ = f"{section}.{name}", field.annotation, field.description or ""
+        choices = _choices_of(section, name, annotation)
+        if choices is not None:
+            specs.append(FieldSpec(path, "choice", help_, choices))
+        elif typing.get_origin(annotation) is list and typing.get_origin(typing.get_args(annotation)[0]) is Literal:
+            specs.append(FieldSpec(path, "multi", help_, typing.get_args(typing.get_args(annotation)[0])))
+        elif annotation is bool:
+            specs.append(FieldSpec(path, "bool", help_))
+        else:
+            specs.append(FieldSpec(path, "value", help_, optional=_is_optional(annotation)))
+    return specs
+
+
+def field_specs() -> list[FieldSpec]:
+    """Every Recipe field in form order: the top-level fields, then each section's."""
+    top = Recipe.model_fields
+    specs = [
+        FieldSpec("name", "text", "Run name (also the default run id prefix): letters, digits, '.', '_', '-'."),
+        FieldSpec("description", "text", "Free text shown with the run."),
+        FieldSpec("model", "text", top["model"].description or ""),
+        FieldSpec("task", "choice", top["task"].description or "", (*sorted(TASKS), NO_TASK)),
+        FieldSpec("dataset", "text", (top["dataset"].description or "") + " Path relative to the workbench home.",
+                  optional=True),
+        FieldSpec("reward_funcs", "multi", (top["reward_funcs"].description or "").split("(default")[0]
+                  + "(built-in names only here; default: the task's).", tuple(sorted(REWARD_REGISTRY))),
+        FieldSpec("reward_weights", "value", top["reward_weights"].description or "", optional=True),
+    ]
+    for section in SECTIONS:
+        specs += _section_specs(section, top[section].annotation)
+    return specs
+
+
+def get_path(data: dict, path: str) -> Any:
+    for part in path.split("."):
+        data = data[part]
+    return data
+
+
+def set_path(data: dict, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+    data[last] = value
+
+
+def format_field(spec: FieldSpec, value: Any) -> Any:
+    """A recipe value as its widget holds it."""
+    if spec.kind == "choice" and spec.path == "task":
+        return NO_TASK if value is None else value
+    if spec.kind in ("choice", "bool"):
+        return value
+    if spec.kind == "multi":
+        return list(value or [])
+    if spec.kind == "text" or (spec.path == "dataset"):
+        return "" if value is None else str(value)
+    if value is None:
+        return ""
+    text = yaml.safe_dump(list(value) if isinstance(value, tuple) else value, default_flow_style=True).strip()
+    return text.removesuffix("\n...").strip()
+
+
+def parse_field(spec: FieldSpec, raw: Any) -> Any:
+    """A widget's value as the recipe value; ValueError naming the field and value otherwise."""
+    if spec.path == "task":
+        return None if raw == NO_TASK else raw
+    if spec.path == "dataset":
+        text = (raw or "").strip()
+        return str(confined_path(text, field="dataset")) if text else None
+    if spec.path == "model":
+        text = (raw or "").strip()
+        if not _MODEL_REF.match(text) or ".." in text:
+            raise ValueError(f"model={text!r} is not allowed; 'tiny' or a Hugging Face id like 'org/name'")
+        return text
+    if spec.kind in ("choice", "bool", "multi", "text"):
+        return raw
+    text = str(raw).strip()
+    if not text:
+        if spec.optional:
+            return None
+        raise ValueError(f"{spec.path}='' is empty; enter a value")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ValueError(f"{spec.path}={text!r} is not a number, list or None") from None
+
+
+def pydantic_errors(err: ValidationError) -> dict[str, str]:
+    """field path ('' for the whole recipe, 'algorithm' for a section rule) -> message lines."""
+    out: dict[str, list[str]] = {}
+    for line, e in zip(format_validation_error(err).split("\n  ")[1:], err.errors()):
+        out.setdefault(".".join(str(p) for p in e["loc"]), []).append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def validate_form(raw: dict[str, Any], base: Recipe) -> tuple[Recipe | None, dict[str, str]]:
+    """Widget values by path -> (Recipe or None, errors by field path).
+
+    Fields not in ``raw`` keep ``base``'s values. A field that does not parse is reported and
+    left at its base value so that the rest of the recipe is still checked.
+    """
+    data, errors = base.to_dict(), {}
+    for spec in field_specs():
+        if spec.path not in raw:
+            continue
+        try:
+            set_path(data, spec.path, parse_field(spec, raw[spec.path]))
+        except ValueError as err:
+            errors[spec.path] = str(err)
+    if spec_name_error := _name_error(data.get("name")):
+        errors["name"] = spec_name_error
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as err:
+        return None, {**pydantic_errors(err), **errors}
+    return (recipe if not errors else None), errors
+
+
+def _name_error(name: Any) -> str | None:
+    from workbench.runs.names import check_run_name
+
+    try:
+        check_run_name(name)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def comparison_recipes(base: Recipe, presets: list[str]) -> list[Recipe]:
+    """The edited recipe first, then one per other algorithm preset, sharing ``base``'s model,
+    task, data, rewards, sampling, logging and the train fields in ``SHARED_TRAIN_FIELDS`` (so
+    the runs differ only in their algorithm, optimiser and update schedule)."""
+    shared = base.to_dict()
+    out = [base]
+    for name in presets:
+        data = load_recipe(name).to_dict()
+        for field in SHARED_FIELDS:
+            data[field] = shared[field]
+        for field in SHARED_TRAIN_FIELDS:
+            data["train"][field] = shared["train"][field]
+        out.append(Recipe.from_dict(data))
+    return out
+
+
+# ---- Streamlit ------------------------------------------------------------------------------
+
+
+def load_into_form(recipe: Recipe) -> None:
+    """Put ``recipe``'s values into the widgets' state (starting point changed)."""
+    data = recipe.to_dict()
+    for spec in field_specs():
+        st.session_state[spec.key] = format_field(spec, get_path(data, spec.path))
+    st.session_state["rf:draft"] = data
+
+
+def _widget(spec: FieldSpec, error: str | None) -> None:
+    label, key, help_ = spec.label, spec.key, spec.help
+    if spec.kind == "choice":
+        st.selectbox(label, spec.choices, key=key, help=help_)
+    elif spec.kind == "multi":
+        st.multiselect(label, spec.choices, key=key, help=help_)
+    elif spec.kind == "bool":
+        st.checkbox(label, key=key, help=help_)
+    else:
+        placeholder = "None" if spec.optional else None
+        st.text_input(label, key=key, help=help_, placeholder=placeholder)
+    if error:
+        st.error(error, icon=":material/error:")
+
+
+def render_form(base: Recipe) -> tuple[Recipe | None, dict[str, str]]:
+    """All fields (top-level, then one tab per section) with errors under each; returns the
+    validated recipe (None while anything is invalid) and the errors by field path."""
+    specs = field_specs()
+    draft = st.session_state.get("rf:draft") or base.to_dict()
+    for spec in specs:  # widgets dropped while another page was shown get the draft back
+        if spec.key not in st.session_state:
+            st.session_state[spec.key] = format_field(spec, get_path(draft, spec.path))
+    raw = {spec.path: st.session_state[spec.key] for spec in specs}
+    recipe, errors = validate_form(raw, base)
+    st.session_state["rf:draft"] = {**base.to_dict(), **(recipe.to_dict() if recipe else draft)}
+
+    top = [s for s in specs if "." not in s.path]
+    cols = st.columns(2)
+    for i, spec in enumerate(top):
+        with cols[i % 2]:
+            _widget(spec, errors.get(spec.path))
+    tabs = st.tabs([f"{title} ⚠" if any(p == s or p.startswith(s + ".") for p in errors) else title
+                    for s, title in SECTIONS.items()])
+    for tab, section in zip(tabs, SECTIONS):
+        with tab:
+            if errors.get(section):
+                st.error(errors[section], icon=":material/error:")
+            fields = [s for s in specs if s.path.startswith(section + ".")]
+            cols = st.columns(3)
+            for i, spec in enumerate(fields):
+                with cols[i % 3]:
+                    _widget(spec, errors.get(spec.path))
+    if errors.get(""):
+        st.error(errors[""], icon=":material/error:")
+    return recipe, errors
+
+
+def preset_notes(name: str) -> str:
+    """The leading comment block of a preset file (paper, what it is, defining settings)."""
+    from workbench.recipe import preset_path
+
+    lines = []
+    for line in preset_path(name).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].removeprefix(" "))
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""Runs: every run with status, progress, algorithm, target, owner, reward so far, tags and notes;
+filter and sort; cancel, delete, rename, tag and annotate one run."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench import runs as wr
+from workbench.ui.common import any_active, guarded_button, run_option, store
+from workbench.viz.tables import SORT_KEYS, all_tags, filter_runs, runs_table
+
+TABLE_CONFIG = {
+    "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+    "reward": st.column_config.NumberColumn("reward (last step)", format="%.3f"),
+    "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+    "owner": st.column_config.TextColumn("owner", help="who launched it (the name given at sign-in)"),
+}
+
+
+def _filters(table):
+    cols = st.columns([2, 1, 1, 2, 1, 1])
+    statuses = cols[0].multiselect("Status", list(wr.STATUSES), key="runs_status")
+    groups = [""] + sorted({g for g in table["group"] if g})
+    group = cols[1].selectbox("Group", groups, format_func=lambda g: g or "all", key="runs_group")
+    tag = cols[2].selectbox("Tag", [""] + all_tags(table), format_func=lambda t: t or "all", key="runs_tag")
+    search = cols[3].text_input("Search (name, id, algorithm, owner, notes)", key="runs_search")
+    sort = cols[4].selectbox("Sort by", list(SORT_KEYS), key="runs_sort")
+    descending = cols[5].toggle("Descending", value=True, key="runs_desc")
+    return filter_runs(table, statuses=statuses, group=group or None, tag=tag or None, search=search, sort=sort,
+                       descending=descending)
+
+
+def _table() -> None:
+    runs = store().list_runs()
+    if runs.empty:
+        st.info("No runs yet. Launch one on the Launch page (or press Quick comparison there).")
+        return
+    view = _filters(runs_table(runs))
+    st.caption(f"{len(view)} of {len(runs)} runs")
+    st.dataframe(view, hide_index=True, column_config=TABLE_CONFIG, key="runs_table")
+
+
+def _actions() -> None:
+    runs = store().list_runs()
+    if runs.empty:
+        return
+    st.subheader("Manage a run")
+    run_id = st.selectbox("Run", runs["id"].tolist(), format_func=run_option(runs), key="runs_selected")
+    run = store().get_run(run_id)
+    if run["error"]:
+        st.error(f"{run['status']}: {run['error']}")
+    cols = st.columns(2)
+    with cols[0]:
+        new_name = st.text_input("Name", value=run["name"], key=f"runs_name:{run_id}")
+        tags = st.text_input("Tags (comma separated)", value=", ".join(run["tags"]), key=f"runs_tags:{run_id}")
+        notes = st.text_area("Notes", value=run["notes"], key=f"runs_notes:{run_id}", height=68)
+        if guarded_button("Save name, tags and notes", key="runs_save"):
+            try:
+                if new_name != run["name"]:
+                    store().rename(run_id, new_name.strip())
+                store().set_tags(run_id, [t.strip() for t in tags.split(",") if t.strip()])
+                store().set_notes(run_id, notes)
+            except (ValueError, wr.RunError) as err:
+                st.error(str(err))
+            else:
+                st.rerun()
+    with cols[1]:
+        active = run["status"] in wr.ACTIVE_STATUSES
+        if guarded_button("Cancel run", key="runs_cancel", disabled=not active,
+                          help="SIGTERM to the run's processes (SIGKILL after a grace period)"):
+            try:
+                wr.cancel(run_id, store=store(), wait=False)
+            except (wr.RunError, wr.LaunchError) as err:
+                st.error(str(err))
+            else:
+                st.toast(f"Cancelling {run_id}")
+                st.rerun()
+        if st.button("Export this run (YAML, bash, sbatch)", key="runs_export"):
+            from workbench.ui.nav import page
+
+            st.session_state["export_run"] = run_id
+            st.switch_page(page("export"))
+        confirm = st.checkbox("I want to delete this run and its files", key=f"runs_confirm:{run_id}")
+        if guarded_button("Delete run", key="runs_delete", disabled=not confirm):
+            try:
+                wr.delete(run_id, store=store())
+            except (wr.RunError, wr.LaunchError, OSError) as err:
+                st.error(str(err))
+            else:
+                st.rerun()
+
+
+def render() -> None:
+    st.title("Runs")
+    live = any_active(store().list_runs())
+    st.fragment(_table, run_every=2.0 if live else None)()  # progress moves without full reruns
+    _actions()

@@ -1,0 +1,104 @@
+"""Settings: SSH hosts, SLURM defaults, CPU / GPU slots, the workbench home.
+
+Stored by ``workbench.runs.save_settings`` in settings.yaml under the home. No secrets live there
+(SSH uses the user's keys by path). A host's ``python`` and ``setup`` lines run on that host, so
+the page shows them but only the settings file changes them: nothing typed here is executed.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+from pydantic import ValidationError
+
+from workbench import runs as wr
+from workbench.home import workbench_home
+from workbench.recipe import format_validation_error
+from workbench.ui.common import guarded_button
+
+HOST_COLUMNS = ["name", "hostname", "user", "port", "identity_file", "known_hosts", "workdir", "strict_host_key_checking"]
+READ_ONLY = ("python", "setup")  # run on the host: edited in settings.yaml only
+
+
+def hosts_frame(settings: wr.Settings) -> pd.DataFrame:
+    rows = [{"name": n, **h.model_dump(include=set(HOST_COLUMNS))} for n, h in settings.ssh_hosts.items()]
+    return pd.DataFrame(rows, columns=HOST_COLUMNS)
+
+
+def hosts_from_frame(frame: pd.DataFrame, old: wr.Settings) -> dict[str, dict]:
+    """Edited rows -> ssh_hosts data; python / setup kept from the stored host of the same name."""
+    hosts = {}
+    for row in frame.to_dict("records"):
+        name = str(row.pop("name") or "").strip()
+        if not name and not row.get("hostname"):
+            continue  # an empty added row
+        clean = {k: (None if pd.isna(v) or v == "" else v) for k, v in row.items()}
+        clean["port"] = int(clean["port"]) if clean.get("port") is not None else 22
+        if clean.get("workdir") is None:
+            clean.pop("workdir")
+        if clean.get("strict_host_key_checking") is None:
+            clean["strict_host_key_checking"] = True
+        if name in old.ssh_hosts:
+            clean.update(old.ssh_hosts[name].model_dump(include=set(READ_ONLY)))
+        hosts[name] = clean
+    return hosts
+
+
+def render() -> None:
+    st.title("Settings")
+    home = workbench_home()
+    st.markdown(f"**Workbench home:** `{home}`")
+    st.caption("Runs, the run store, the cached tiny model and this settings file live there. To use another "
+               "directory, start the app with the environment variable WORKBENCH_HOME set.")
+    try:
+        settings = wr.load_settings()
+    except wr.SettingsError as err:
+        st.error(str(err))
+        return
+
+    st.subheader("Slots")
+    cols = st.columns(2)
+    cpu_slots = cols[0].number_input("CPU slots", min_value=1, value=settings.cpu_slots, step=1, key="set_cpu",
+                                     help=wr.Settings.model_fields["cpu_slots"].description)
+    gpu_text = cols[1].text_input("GPU slots (empty: one per visible device)",
+                                  value="" if settings.gpu_slots is None else str(settings.gpu_slots), key="set_gpu",
+                                  help=wr.Settings.model_fields["gpu_slots"].description)
+
+    st.subheader("SLURM defaults")
+    s = settings.slurm
+    cols = st.columns(5)
+    slurm = {
+        "partition": cols[0].text_input("Partition", value=s.partition, key="set_partition"),
+        "account": cols[1].text_input("Account", value=s.account, key="set_account"),
+        "nodes": cols[2].number_input("Nodes", min_value=1, value=s.nodes, step=1, key="set_nodes"),
+        "gpus_per_node": cols[3].number_input("GPUs per node", min_value=0, value=s.gpus_per_node, step=1, key="set_gpus"),
+        "time": cols[4].text_input("Time limit", value=s.time, key="set_time", help="HH:MM:SS or D-HH:MM:SS"),
+    }
+
+    st.subheader("SSH hosts")
+    st.caption("Authentication uses your own SSH keys and known_hosts files (by path); no passwords are stored. "
+               "A host's python and setup lines run on that host: edit them in settings.yaml.")
+    edited = st.data_editor(hosts_frame(settings), num_rows="dynamic", hide_index=True, key="set_hosts",
+                            column_config={"port": st.column_config.NumberColumn(min_value=1, max_value=65535, step=1),
+                                           "strict_host_key_checking": st.column_config.CheckboxColumn(default=True)})
+    if settings.ssh_hosts:
+        st.dataframe(pd.DataFrame([{"name": n, "python": h.python, "setup": h.setup} for n, h in settings.ssh_hosts.items()]),
+                     hide_index=True)
+
+    if not guarded_button("Save settings", key="set_save", type="primary"):
+        return
+    try:
+        gpu_slots = int(gpu_text) if gpu_text.strip() else None
+    except ValueError:
+        st.error(f"gpu_slots={gpu_text!r} is not allowed; a whole number >= 0, or empty for one per visible device")
+        return
+    data = {"ssh_hosts": hosts_from_frame(edited, settings), "slurm": {k: (v.strip() if isinstance(v, str) else int(v))
+                                                                      for k, v in slurm.items()},
+            "cpu_slots": int(cpu_slots), "gpu_slots": gpu_slots}
+    try:
+        new = wr.Settings.model_validate(data)
+    except ValidationError as err:
+        st.error(format_validation_error(err, wr.Settings).replace("invalid recipe:", "invalid settings:", 1))
+        return
+    path = wr.save_settings(new)
+    st.success(f"Saved to {path}")

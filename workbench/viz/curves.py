@@ -1,0 +1,192 @@
+"""Training curves and run tables: pure functions of the run store's DataFrames (no Streamlit).
+
+Input is ``RunStore.metrics(...)``: one row per (run_id, step) with columns ``run_id``, ``step``,
+``time`` (epoch seconds of the event) and one column per metric the engine logs, under TRL's
+names (``reward``, ``kl``, ``clip_ratio/low_mean`` ...). Every builder returns a plotly Figure or
+a DataFrame; the pages only place them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One chart: a title and the metric columns drawn in it (one line per run and metric)."""
+
+    title: str
+    metrics: tuple[str, ...]
+    help: str = ""
+
+
+# The Compare page's charts, in display order. A metric a run never logged is simply absent.
+PANELS: dict[str, Panel] = {
+    "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions."),
+    "reward_std": Panel("Reward std within groups", ("reward_std",),
+                        "Mean over prompts of the std of the G rewards: the signal a group baseline can use."),
+    "frac_reward_zero_std": Panel("Groups with zero reward std", ("frac_reward_zero_std",),
+                                  "Fraction of prompts whose G rewards are all equal: zero advantage, no gradient (DAPO filters them)."),
+    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference)."),
+    "entropy": Panel("Entropy", ("entropy",), "Mean per-token entropy of the policy (collapse = falls to 0)."),
+    "clip": Panel("Clip ratios", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"),
+                  "Fraction of tokens clipped below 1-eps_low (A<0), above 1+eps_high (A>0), and either."),
+    "length": Panel("Completion length", ("completions/mean_length", "completions/min_length", "completions/max_length"),
+                    "Tokens per completion (mean, min, max over the batch)."),
+    "truncated": Panel("Truncated completions", ("completions/clipped_ratio",),
+                       "Fraction of completions cut at max_completion_length."),
+    "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO)."),
+    "grad_norm": Panel("Gradient norm", ("grad_norm",), "Global gradient norm before clipping."),
+    "step_time": Panel("Step time (s)", ("perf/step_time",), "Wall time of one step: rollout + rewards + updates."),
+}
+
+# x-axis choices: label -> function of one run's rows (sorted by step) returning the x values.
+X_LABELS = {"step": "step", "tokens": "completion tokens (cumulative)", "wall time": "wall time (s)"}
+
+
+def _x_step(rows: pd.DataFrame) -> pd.Series:
+    return rows["step"].astype(float)
+
+
+def _x_tokens(rows: pd.DataFrame) -> pd.Series:
+    """Cumulative completion tokens: ``perf/tokens`` if logged, else the sum over steps of
+    mean_length x count (the batch's valid completion tokens)."""
+    if "perf/tokens" in rows and rows["perf/tokens"].notna().any():
+        return rows["perf/tokens"].astype(float)
+    if {"completions/mean_length", "completions/count"} <= set(rows.columns):
+        return (rows["completions/mean_length"] * rows["completions/count"]).fillna(0).cumsum()
+    return pd.Series(np.nan, index=rows.index)
+
+
+def _x_wall(rows: pd.DataFrame) -> pd.Series:
+    """Seconds since the run's first logged step (event times)."""
+    return rows["time"].astype(float) - float(rows["time"].min())
+
+
+X_AXES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {"step": _x_step, "tokens": _x_tokens, "wall time": _x_wall}
+
+# Distinguishes the metrics of one panel; colours distinguish runs.
+_DASHES = ("solid", "dash", "dot", "dashdot")
+_COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff", "#fecb52")
+
+
+def ema(values, weight: float) -> np.ndarray:
+    """Debiased exponential moving average (TensorBoard / W&B smoothing), NaN-aware.
+
+    s_t = w s_{t-1} + (1 - w) x_t with s_0 = 0, reported as s_t / (1 - w^n_t) where n_t counts the
+    finite values so far: the weighted mean sum_i w^(t-i) x_i / sum_i w^(t-i), so the first point
+    is not pulled towards 0. A NaN (metric missing at a step) stays NaN and does not advance the
+    average. ``weight`` in [0, 1): 0 returns the values unchanged.
+
+    values: (N,) -> (N,) float64.
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing={weight!r} is not allowed; use a weight in [0, 1)")
+    x = np.asarray(values, dtype=np.float64)
+    if weight == 0.0:
+        return x.copy()
+    out = np.full_like(x, np.nan)
+    s, norm = 0.0, 0.0
+    for i, v in enumerate(x):  # N <= a few thousand steps: a loop is fast enough and exact
+        if np.isfinite(v):
+            s = weight * s + (1.0 - weight) * v
+            norm = weight * norm + (1.0 - weight)  # = 1 - w^n
+            out[i] = s / norm
+    return out
+
+
+def _short_metric(metric: str) -> str:
+    return metric.split("/", 1)[1] if "/" in metric else metric
+
+
+def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoothing: float = 0.0,
+                  labels: Mapping[str, str] | None = None, height: int = 300) -> go.Figure:
+    """One panel as a line chart: a trace per (run, metric present in ``df``).
+
+    Trace names are ``LABEL`` for one-metric panels and ``LABEL · metric`` otherwise (LABEL =
+    ``labels[run_id]`` or the run id). With ``smoothing`` > 0 the EMA is drawn and the raw values
+    are kept as a faint line behind it (named ``... (raw)``, not in the legend). Runs keep one
+    colour across panels (order of first appearance in ``df``).
+    """
+    panel = PANELS[panel] if isinstance(panel, str) else panel
+    if x not in X_AXES:
+        raise ValueError(f"x={x!r} is not allowed; choose one of: {', '.join(X_AXES)}")
+    labels = labels or {}
+    fig = go.Figure()
+    present = [m for m in panel.metrics if m in df.columns and df[m].notna().any()]
+    run_ids = list(dict.fromkeys(df["run_id"])) if len(df) else []
+    for r, run_id in enumerate(run_ids):
+        rows = df[df["run_id"] == run_id].sort_values("step")
+        xs = X_AXES[x](rows).to_numpy()
+        colour = _COLOURS[r % len(_COLOURS)]
+        label = labels.get(run_id, run_id)
+        for m, metric in enumerate(present):
+            if rows[metric].isna().all():
+                continue
+            name = label if len(present) == 1 else f"{label} · {_short_metric(metric)}"
+            ys = rows[metric].to_numpy(dtype=np.float64)
+            line = {"color": colour, "dash": _DASHES[m % len(_DASHES)], "width": 2}
+            if smoothing > 0:
+                fig.add_trace(go.Scatter(x=xs, y=ys, name=f"{name} (raw)", mode="lines", showlegend=False,
+                                         opacity=0.25, line={**line, "width": 1}, hoverinfo="skip",
+                                         legendgroup=name))
+                ys = ema(ys, smoothing)
+            fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=line, legendgroup=name))
+    fig.update_layout(
+        title={"text": panel.title, "font": {"size": 14}}, height=height, margin={"l": 40, "r": 10, "t": 40, "b": 30},
+        xaxis_title=X_LABELS[x], legend={"orientation": "h", "y": -0.2}, uirevision="keep",  # zoom survives updates
+    )
+    return fig
+
+
+def compare_figures(df: pd.DataFrame, panels: list[str] | None = None, **kwargs) -> dict[str, go.Figure]:
+    """Figures of the given panel keys (default: every panel with data in ``df``)."""
+    keys = panels if panels is not None else available_panels(df)
+    return {key: metric_figure(df, key, **kwargs) for key in keys}
+
+
+def available_panels(df: pd.DataFrame) -> list[str]:
+    """Panel keys with at least one logged value in ``df``."""
+    return [key for key, p in PANELS.items() if any(m in df.columns and df[m].notna().any() for m in p.metrics)]
+
+
+FINAL_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/region_mean",
+                 "completions/mean_length", "loss/policy", "grad_norm")
+
+
+def final_metrics_table(df: pd.DataFrame, labels: Mapping[str, str] | None = None, last_k: int = 5) -> pd.DataFrame:
+    """One row per run: steps logged, best reward, mean step time, and the mean of each of
+    ``FINAL_METRICS`` over the run's last ``last_k`` logged steps (smooths step-to-step noise).
+
+    Columns: run, steps, ``reward (best)``, then ``METRIC (last K)`` per metric present, then
+    ``step time (s)``. Rows in order of first appearance of each run in ``df``.
+    """
+    if last_k < 1:
+        raise ValueError(f"last_k={last_k!r} is not allowed; use an integer >= 1")
+    labels = labels or {}
+    rows = []
+    for run_id in dict.fromkeys(df["run_id"]):
+        run = df[df["run_id"] == run_id].sort_values("step")
+        tail = run.tail(last_k)
+        row = {"run": labels.get(run_id, run_id), "steps": int(run["step"].max()) + 1}
+        if "reward" in run:
+            row["reward (best)"] = float(run["reward"].max())
+        for metric in FINAL_METRICS:
+            if metric in run and run[metric].notna().any():
+                row[f"{metric} (last {last_k})"] = float(tail[metric].mean())
+        if "perf/step_time" in run:
+            row["step time (s)"] = float(run["perf/step_time"].mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def progress(last_step: int, total_steps: int | None) -> float:
+    """Fraction of steps done: (last_step + 1) / total_steps in [0, 1]; last_step = -1 means none."""
+    if not total_steps or total_steps <= 0:
+        return 0.0
+    return min(max((last_step + 1) / total_steps, 0.0), 1.0)

@@ -1,0 +1,70 @@
+"""Same-batch lens views: the ``lens`` events a run wrote (``workbench.engine.lens``; from
+``RunStore.lens(run_id)`` or the run's events.jsonl, each a dict with ``step``) as tables and
+figures over the run."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import pandas as pd
+import plotly.graph_objects as go
+
+LENS_METRICS = {
+    "cos_update": "cosine with the update actually taken",
+    "cos_run": "cosine with the run's own gradient",
+    "grad_norm": "gradient norm",
+    "loss": "loss",
+    "zero_grad": "share of zero-gradient tokens",
+}
+LENS_COLUMNS = ["step", "point", "advantage", "policy_loss", "combo", "is_run", *LENS_METRICS]
+
+
+def lens_frame(lenses: Iterable[Mapping]) -> pd.DataFrame:
+    """Long table of every lens row: step, point (before / after), advantage, policy_loss, combo
+    ("advantage x loss"), is_run, and the metrics of ``LENS_METRICS`` (None -> NaN)."""
+    rows = []
+    for lens in sorted(lenses, key=lambda x: x["step"]):
+        step = int(lens["step"])
+        run = (lens["run"]["advantage"], lens["run"]["policy_loss"])
+        for point, combos in lens["points"].items():
+            for c in combos:
+                rows.append({"step": step, "point": point, "advantage": c["advantage"], "policy_loss": c["policy_loss"],
+                             "combo": f"{c['advantage']} x {c['policy_loss']}", "is_run": (c["advantage"], c["policy_loss"]) == run,
+                             **{m: c.get(m) for m in LENS_METRICS}})
+    return pd.DataFrame(rows, columns=LENS_COLUMNS).astype({m: float for m in LENS_METRICS})
+
+
+def lens_over_run_figure(frame: pd.DataFrame, metric: str = "cos_update", point: str = "before",
+                         policy_loss: str | None = None) -> go.Figure:
+    """``metric`` over steps, one line per (estimator x loss) at ``point``; the run's own
+    combination drawn thick. ``policy_loss`` keeps one loss (the estimator axis alone)."""
+    if metric not in LENS_METRICS:
+        raise ValueError(f"lens metric={metric!r} is not allowed; choose one of: {', '.join(LENS_METRICS)}")
+    part = frame[frame["point"] == point]
+    if policy_loss is not None:
+        part = part[part["policy_loss"] == policy_loss]
+    fig = go.Figure()
+    for combo, rows in part.groupby("combo", sort=False):
+        rows = rows.sort_values("step")
+        own = bool(rows["is_run"].iloc[0])
+        fig.add_trace(go.Scatter(x=rows["step"], y=rows[metric], mode="lines+markers", name=combo + (" (this run)" if own else ""),
+                                 line={"width": 4 if own else 1.5}))
+    fig.update_layout(xaxis_title="step", yaxis_title=LENS_METRICS[metric], height=420, margin={"t": 30})
+    return fig
+
+
+def lens_heatmap(frame: pd.DataFrame, step: int, metric: str = "cos_run", point: str = "before") -> go.Figure:
+    """Estimator (rows) x policy loss (columns) grid of ``metric`` at one lens step."""
+    part = frame[(frame["step"] == step) & (frame["point"] == point)]
+    grid = part.pivot(index="advantage", columns="policy_loss", values=metric)
+    grid = grid.reindex(index=list(dict.fromkeys(part["advantage"])), columns=list(dict.fromkeys(part["policy_loss"])))
+    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), colorscale="RdBu",
+                               zmid=0 if metric.startswith("cos") else None, texttemplate="%{z:.3f}",
+                               colorbar={"title": metric}))
+    fig.update_layout(xaxis_title="policy loss", yaxis_title="advantage estimator", height=380, margin={"t": 30})
+    return fig
+
+
+def lens_events(events: Iterable[Mapping]) -> list[Mapping]:
+    """The ``lens`` events among a run's events (as ``read_events`` returns them)."""
+    return [e for e in events if e.get("kind") == "lens"]
