@@ -19,16 +19,29 @@ $(VENV)/.stamp-dev: requirements-dev.txt $(VENV)/.stamp-runtime
 	$(PIP) -r requirements-dev.txt
 	touch $@
 
+# vLLM for the rollout backend; its CUDA-built torchvision/torchaudio/torchcodec/triton break
+# `import transformers` on these CPU machines, so they are removed right after.
+$(VENV)/.stamp-vllm: requirements-vllm.txt constraints.txt $(VENV)/.stamp-runtime
+	$(PIP) -r requirements-vllm.txt
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $@
+
+$(VENV)/.stamp-bench: requirements-bench.txt constraints.txt $(VENV)/.stamp-vllm
+	$(PIP) -r requirements-bench.txt
+	touch $@
+
 venv: $(VENV)/.stamp-runtime
 
 app: $(VENV)/.stamp-runtime
 	$(BIN)/streamlit run app.py --server.headless true --server.address 127.0.0.1 --browser.gatherUsageStats false
 
-test: $(VENV)/.stamp-dev
+test: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
 	$(BIN)/python -m pytest -q tests
 
-bench: $(VENV)/.stamp-dev
+bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/core_bench.py
+	$(BIN)/python bench/engine_vs_trl.py
+	$(BIN)/python bench/ui_bench.py
 
 clean:
 	rm -rf $(VENV)

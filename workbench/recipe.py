@@ -202,6 +202,8 @@ class Logging(_Section):
     """Per-token diagnostics (ratio, advantage, region) every N steps (0 = never)."""
     diagnostics_sequences: int = Field(8, ge=0)
     """How many sequences of the batch those diagnostics cover."""
+    lens_every: int = Field(0, ge=0)
+    """Same-batch lens every N steps (0 = off): every advantage estimator x policy loss on the step's batch (loss, grad norm, cosine with the update taken), in that step's diagnostics event. One extra forward and ~30 backward passes per lens step, so off by default (see bench/lens_bench.py)."""
 
 
 class Recipe(_Section):

@@ -2,7 +2,8 @@
 
 Kinds: ``status`` (state changes), ``metrics`` (one line per step), ``samples`` (a few
 prompt/completion/reward rows), ``diagnostics`` (per-token ratio, advantage, mask, region for a
-subset of the batch) and ``error``. Every line carries ``kind``, ``step`` and ``time``; ingest is
+subset of the batch), ``lens`` (the same-batch lens, every ``logging.lens_every`` steps; see
+``workbench/engine/lens.py``) and ``error``. Every line carries ``kind``, ``step`` and ``time``; ingest is
 idempotent by (run, step, kind). The same lines can be mirrored to stdout (remote runs).
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 EVENTS_FILE = "events.jsonl"
-EVENT_KINDS = ("status", "metrics", "samples", "diagnostics", "error")
+EVENT_KINDS = ("status", "metrics", "samples", "diagnostics", "lens", "error")
 STDOUT_PREFIX = "@@wb "  # marks event lines among other stdout output
 
 
@@ -50,8 +51,9 @@ class EventWriter:
             return
         line = json.dumps({"kind": kind, "step": step, "time": time.time(), **_jsonable(payload)}, allow_nan=False)
         self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())  # a kill -9 right after a step must not lose it
+        self._file.flush()  # in the kernel now: a kill -9 right after a step cannot lose it
+        if kind in ("status", "error"):  # fsync (~4 ms) only where a machine crash must not lose it
+            os.fsync(self._file.fileno())
         if self.mirror is not None:
             self.mirror.write(STDOUT_PREFIX + line + "\n")
             self.mirror.flush()

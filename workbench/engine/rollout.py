@@ -1,13 +1,19 @@
 """Rollout backends: prompts in, completions (right-padded to L_max) and their log-probs out.
 
-One contract (``generate(model, tokenizer, prompts, sampling, seed) -> Rollout``), backends
-chosen by name from ``ROLLOUT_BACKENDS`` (the recipe's ``train.rollout``).
+One contract: a backend is built once per run, ``ROLLOUT_BACKENDS.get(name)(model_path,
+precision=..., seed=...)`` (the recipe's ``train.rollout``), and then
+``backend.generate(policy, tokenizer, prompts, temperature=, top_p=, max_new_tokens=, seed=)``
+returns a ``Rollout`` sampled from the policy's *current* weights; ``backend.close()`` frees it.
+
+- ``hf``: transformers ``generate`` on the policy module itself (nothing to sync).
+- ``vllm``: an in-process vLLM engine that copies the policy's weights in before every
+  generation (``workbench/engine/vllm_rollout.py``; vllm is imported only when chosen).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -27,8 +33,15 @@ class Rollout:
     completions: list[str]
 
 
-RolloutFn = Callable[..., Rollout]
-ROLLOUT_BACKENDS: Registry[RolloutFn] = Registry("rollout backend")
+class RolloutBackend(Protocol):
+    def generate(self, model, tokenizer, prompts: list[str], *, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int) -> Rollout: ...
+
+    def close(self) -> None: ...
+
+
+#: name -> factory(model_path: str, *, precision: str, seed: int) -> RolloutBackend
+ROLLOUT_BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend")
 
 
 def completion_mask_from_ids(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +64,6 @@ def _pad_right(ids: torch.Tensor, length: int, pad_id: int) -> torch.Tensor:
     return torch.nn.functional.pad(ids, (0, length - ids.shape[1]), value=pad_id)
 
 
-@ROLLOUT_BACKENDS.register("hf")
 @torch.no_grad()
 def hf_generate(model, tokenizer, prompts: list[str], *, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> Rollout:
     """transformers ``generate`` with KV cache and left padding; sampled with a seeded generator."""
@@ -85,8 +97,24 @@ def hf_generate(model, tokenizer, prompts: list[str], *, temperature: float, top
     return Rollout(input_ids, attention_mask, completion_ids, mask.to(device), truncated, logp, texts)
 
 
+@ROLLOUT_BACKENDS.register("hf")
+class HFRollout:
+    """Backend ``hf``: ``hf_generate`` on the policy module itself, so it always samples the
+    current weights (nothing to sync, nothing to free)."""
+
+    def __init__(self, model_path: str, *, precision: str, seed: int) -> None:
+        pass
+
+    def generate(self, model, tokenizer, prompts: list[str], **sampling) -> Rollout:
+        return hf_generate(model, tokenizer, prompts, **sampling)
+
+    def close(self) -> None:
+        pass
+
+
 @ROLLOUT_BACKENDS.register("vllm")
-def vllm_generate(*args, **kwargs) -> Rollout:
-    raise NotImplementedError(
-        "train.rollout='vllm' is not available in this build yet; use train.rollout='hf'"
-    )
+def vllm_backend(model_path: str, *, precision: str, seed: int) -> RolloutBackend:
+    """Backend ``vllm`` (imported here: vllm is optional and slow to import)."""
+    from workbench.engine.vllm_rollout import VLLMRollout
+
+    return VLLMRollout(model_path, precision=precision, seed=seed)

@@ -13,6 +13,7 @@ Runs under ``accelerate launch`` (data parallel over ranks; on CPU ``--multi_gpu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -45,10 +46,11 @@ from workbench.core import (
 )
 from workbench.engine.events import EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
+from workbench.engine.lens import SameBatchLens
 from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function
 from workbench.engine.rollout import ROLLOUT_BACKENDS, valid_token_lists
 from workbench.engine.tasks import get_task, load_dataset_rows
-from workbench.engine.tiny import load_model_and_tokenizer
+from workbench.engine.tiny import load_model_and_tokenizer, resolve_model_path
 from workbench.recipe import Recipe
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -108,6 +110,18 @@ def reward_setup(recipe: Recipe):
     return [load_reward_function(r) for r in refs], weights
 
 
+def tracker_config(recipe: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
+    """The recipe as flat ``section.field`` -> scalar pairs (``--set`` keys): TensorBoard's hparams
+    accept only int / float / str / bool, so None and lists are written as their YAML-ish text."""
+    flat: dict[str, int | float | str | bool] = {}
+    for key, value in recipe.items():
+        if isinstance(value, dict):
+            flat.update(tracker_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
 def prompts_for_step(rows: list[dict], step: int, prompts_per_step: int, rank: int, world: int, seed: int) -> list[dict]:
     """This rank's prompts of step ``step`` from a seeded, epoch-wise shuffled stream."""
     per_rank = prompts_per_step // world
@@ -115,10 +129,16 @@ def prompts_for_step(rows: list[dict], step: int, prompts_per_step: int, rank: i
     out = []
     for k in range(start, start + per_rank):
         epoch, i = divmod(k, len(rows))
-        order = list(range(len(rows)))
-        random.Random(seed * 7919 + epoch).shuffle(order)
-        out.append(rows[order[i]])
+        out.append(rows[_epoch_order(len(rows), seed, epoch)[i]])
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    """The shuffled row order of one epoch (cached: reshuffling n rows per prompt cost ~3 ms each)."""
+    order = list(range(n))
+    random.Random(seed * 7919 + epoch).shuffle(order)
+    return tuple(order)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +166,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
+        self.tokens_seen = 0.0
         torch.set_num_threads(recipe.train.threads)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
@@ -159,6 +180,7 @@ class Trainer:
                 f"sampling.prompts_per_step={recipe.sampling.prompts_per_step} must divide among {self.world} processes"
             )
         self.events = EventWriter(self.run_dir, enabled=self.accelerator.is_main_process, mirror=stdout_mirror(stdout_events))
+        self.lens = SameBatchLens(self)
         if self.accelerator.is_main_process:
             (self.run_dir / "recipe.yaml").write_text(recipe.to_yaml())
 
@@ -177,13 +199,16 @@ class Trainer:
         opt = torch.optim.AdamW(policy.parameters(), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
         sched = get_scheduler(SCHEDULES[r.optim.schedule], opt, num_warmup_steps=r.optim.warmup_steps, num_training_steps=total_updates)
         self.policy, self.optimizer, self.scheduler = acc.prepare(policy, opt, sched)
+        # built once; generate() always samples the policy's current weights (vllm: synced in)
+        self.rollout_backend = ROLLOUT_BACKENDS.get(r.train.rollout)(
+            resolve_model_path(r.model), precision=r.train.precision, seed=r.train.seed)
         self.critic = None
         if r.algorithm.critic:
             critic = ValueModel(acc.unwrap_model(self.policy)).to(acc.device)
             copt = torch.optim.AdamW(critic.parameters(), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
             self.critic, self.critic_optimizer = acc.prepare(critic, copt)
         if r.logging.log_with:
-            acc.init_trackers(r.name, config=r.to_dict())
+            acc.init_trackers(r.name, config=tracker_config(r.to_dict()))
 
     # -- one step -----------------------------------------------------------------------------
     def rollout(self, step: int):
@@ -191,8 +216,7 @@ class Trainer:
         G = r.sampling.num_generations
         rows = prompts_for_step(self.rows, step, r.sampling.prompts_per_step, self.rank, self.world, r.train.seed)
         rows = [row for row in rows for _ in range(G)]  # groups contiguous
-        backend = ROLLOUT_BACKENDS.get(r.train.rollout)
-        out = backend(
+        out = self.rollout_backend.generate(
             self.accelerator.unwrap_model(self.policy), self.tokenizer, [row["prompt"] for row in rows],
             temperature=r.sampling.temperature, top_p=r.sampling.top_p,
             max_new_tokens=r.sampling.max_completion_length,
@@ -333,9 +357,13 @@ class Trainer:
         t_gen = time.perf_counter() - t0
         rewards, per_fn = self.score(rows, out, step)
         batch, (g_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, rewards)
+        lens_due = self.lens.due(step)
+        if lens_due:
+            self.lens.snapshot()  # parameters the batch was sampled with
         t1 = time.perf_counter()
         metrics, last, first_logp = self.optimise(batch, step)
         t_train = time.perf_counter() - t1
+        lens = self.lens.evaluate(batch, g_rewards, g_mask, g_kl, r.logging.diagnostics_sequences) if lens_due else None
 
         # ---- metrics (global batch) ----
         metrics = {k: float(acc.reduce(torch.tensor(v, device=acc.device), reduction="mean")) for k, v in metrics.items()} if self.world > 1 else metrics
@@ -354,13 +382,19 @@ class Trainer:
         metrics["perf/step_time"] = step_time
         metrics["perf/generation_time"] = t_gen
         metrics["perf/train_time"] = t_train
+        if lens is not None:
+            metrics["perf/lens_time"] = lens["time"]
         metrics["perf/tokens_per_s"] = float(g_mask.sum()) / step_time
+        self.tokens_seen += float(g_mask.sum())
+        metrics["perf/tokens"] = self.tokens_seen  # cumulative completion tokens (the UI's tokens x-axis)
         metrics["completions/count"] = float(g_mask.shape[0])  # the global batch, all ranks
         metrics["step"] = step
 
         self.events.emit("metrics", step, metrics=metrics)
         self._emit_samples(step, rows, out, rewards, batch.advantages)
         self._emit_diagnostics(step, batch, last)
+        if lens is not None:
+            self.events.emit("lens", step, **lens)
         if r.logging.log_with:
             acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         return metrics
@@ -420,6 +454,8 @@ class Trainer:
                                  reward_function=isinstance(err, RewardFunctionError))
             finally:
                 self._write_param_digest()
+                if getattr(self, "rollout_backend", None) is not None:
+                    self.rollout_backend.close()
                 self.events.emit("status", max(step, 0), status=status, **({"error": error} if error else {}))
                 if r.logging.log_with:
                     self.accelerator.end_training()

@@ -1,0 +1,237 @@
+"""The same-batch lens: every advantage estimator x every policy loss on one sampled batch.
+
+Every ``logging.lens_every`` steps the trainer hands this module the step's batch. After the
+step's real optimisation the lens evaluates, for each combination k of (advantage estimator,
+policy loss),
+
+    g_k = grad_theta  aggregate( policy_loss_k(logp, old, A_k) )      (the run's aggregation,
+                                                                      global-batch normalisers)
+
+at two points, with old = the log-probs the batch was sampled with (theta_before):
+
+- ``before``: theta_before, the parameters the batch was sampled with. The ratio is 1 there, so
+  every policy loss gives the same gradient (GSPO's sequence ratio too: d s_i / d logp_t = 1/n_i
+  over n_i tokens, and every aggregation weighs the tokens of a sequence alike); what differs is
+  the advantage estimator. This is the direction each algorithm would have started the step in.
+- ``after``: theta_after, the parameters after the step's updates. Now the ratio has moved, the
+  clip, GSPO and CISPO differ (their share of zero-gradient tokens is reported), and the cosine
+  with the step just taken says whether each algorithm would keep going or pull back.
+
+Each row: loss, ||g_k||, cos(g_k, g_run) (g_run: the run's own estimator x loss at the same
+point), cos(g_k, theta_before - theta_after) (the update actually taken, after the optimiser,
+clipping, mu passes and minibatches) and the zero-gradient token share. The parameters are back
+at theta_after before training goes on, so the lens never changes a run.
+
+Left out on purpose: the in-loss KL term, the entropy bonus and the value loss (it compares policy
+gradients), and OPSM masks. Identity the tests check: RLOO = G/(G-1) * Dr. GRPO, so their
+gradients have cosine 1.
+
+Cost: two forwards and 2K backward passes (K = estimators x losses) per lens step; measured by
+``bench/lens_bench.py``. Memory: a few parameter-sized vectors (theta_before/after, the update, g_run).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from workbench.core import (
+    POLICY_LOSSES,
+    AdvantageConfig,
+    PolicyLossConfig,
+    aggregate_loss,
+    compute_advantages,
+    compute_policy_loss,
+    masked_mean,
+)
+
+# lens key -> (core estimator, AdvantageConfig overrides). GAE joins only when the run has a critic.
+LENS_ADVANTAGES: dict[str, tuple[str, dict]] = {
+    "grpo": ("grpo", {"scale": "group"}),
+    "dr_grpo": ("grpo", {"scale": "none"}),
+    "grpo_batch_std": ("grpo", {"scale": "batch"}),
+    "rloo": ("rloo", {}),
+    "reinforce": ("reinforce", {}),
+    "reinforce_pp": ("reinforce_pp", {}),
+    "reinforce_pp_baseline": ("reinforce_pp_baseline", {}),
+    "gae": ("gae", {}),
+}
+_GRPO_SCALE_KEYS = {"group": "grpo", "none": "dr_grpo", "batch": "grpo_batch_std"}
+
+
+def lens_key(advantage: str, grpo_scale: str = "group") -> str:
+    """The lens key of a recipe's estimator (GRPO's scale picks among its three variants)."""
+    return _GRPO_SCALE_KEYS[grpo_scale] if advantage == "grpo" else advantage
+
+
+def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageConfig, *,
+                    kl: torch.Tensor | None = None, values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Advantages (B, T) of every lens estimator on one batch, with the run's settings ``base``
+    (group size, eps, gamma, lambda, in-reward KL, whitening). rewards (B,), mask (B, T)."""
+    out = {}
+    for key, (name, overrides) in LENS_ADVANTAGES.items():
+        if name == "gae" and values is None:
+            continue
+        out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values).advantages
+    return out
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor | None) -> float | None:
+    """cos(a, b) in float64; None when either vector is zero (the angle is undefined)."""
+    if b is None:
+        return None
+    na, nb = a.norm(), b.norm()
+    if na == 0 or nb == 0:
+        return None
+    return float(torch.dot(a, b) / (na * nb))
+
+
+def flat_grad(value: torch.Tensor, params: Sequence[torch.Tensor], retain_graph: bool = True,
+              grad_outputs: torch.Tensor | None = None) -> torch.Tensor:
+    """d value / d params (a vector-Jacobian product with ``grad_outputs`` for a non-scalar value)
+    as one float64 vector (zeros for parameters the value does not use)."""
+    grads = torch.autograd.grad(value, params, grad_outputs=grad_outputs, retain_graph=retain_graph, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).double() for g, p in zip(grads, params)])
+
+
+def lens_report(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: Mapping[str, torch.Tensor],
+    mask: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    *,
+    losses: Sequence[str],
+    loss_cfg: PolicyLossConfig,
+    aggregation: str,
+    norm: Mapping,
+    run: tuple[str, str],
+    update: torch.Tensor | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+) -> list[dict]:
+    """Loss, gradient norm and cosines of every (advantage key, policy loss) on one batch.
+
+    logp (B, T) differentiable in ``params``; old_logp, mask and each advantage (B, T).
+    ``norm``: aggregate_loss's max_len / num_tokens / num_seqs (global counts under data
+    parallelism). ``reduce`` sums a local tensor over ranks (identity on one process).
+    ``run``: (advantage key, loss) whose gradient is the reference g_run; ``update``: the flat
+    parameter change theta_before - theta_after (or None). Returns one dict per combination.
+    """
+    combos = [(a, l) for a in advantages for l in losses]
+    if run in combos:  # the reference first, so every other gradient can be compared with it
+        combos.remove(run)
+        combos.insert(0, run)
+    # Every loss depends on theta only through logp, so g_k = J^T v_k with v_k = dL_k / dlogp
+    # (B, T), cheap to get through the small loss graph. Equal v's share one backward pass, and
+    # the distinct ones go through the model together (a batched vector-Jacobian product).
+    n_valid = reduce(mask.sum().double()).clamp(min=1)
+    rows, vs = [], []
+    for adv_key, loss_name in combos:
+        per_token, diag = compute_policy_loss(loss_name, logp, old_logp, advantages[adv_key], mask, loss_cfg)
+        value = aggregate_loss(aggregation, per_token, mask, **norm)
+        (v,) = torch.autograd.grad(value, logp, retain_graph=True)
+        vs.append(v.detach())
+        zero = reduce((diag.zero_grad.double() * mask).sum()) / n_valid
+        rows.append({"advantage": adv_key, "policy_loss": loss_name, "loss": float(reduce(value.detach().double())),
+                     "zero_grad": float(zero)})
+    unique: list[torch.Tensor] = []
+    which = []
+    for v in vs:
+        j = next((j for j, u in enumerate(unique) if torch.equal(u, v)), None)
+        if j is None:
+            unique.append(v)
+            j = len(unique) - 1
+        which.append(j)
+    grads = [reduce(g) for g in vjp_many(logp, params, unique)]
+    g_run = grads[which[0]] if combos and combos[0] == run else None
+    for row, j in zip(rows, which):
+        g = grads[j]
+        row.update({"grad_norm": float(g.norm()), "cos_run": _cosine(g, g_run), "cos_update": _cosine(g, update)})
+    return rows
+
+
+def vjp_many(logp: torch.Tensor, params: Sequence[torch.Tensor], vs: Sequence[torch.Tensor], chunk: int = 8) -> list[torch.Tensor]:
+    """[J^T v for v in vs] as flat float64 vectors, J = d logp / d params. Batched (vmap over the
+    backward) in chunks of ``chunk``; one backward per v where the model's ops do not vmap."""
+    out: list[torch.Tensor] = []
+    for start in range(0, len(vs), chunk):
+        part = torch.stack(list(vs[start:start + chunk]))
+        try:
+            grads = torch.autograd.grad(logp, params, grad_outputs=part, retain_graph=True,
+                                        allow_unused=True, is_grads_batched=True)
+            flat = torch.cat([(g if g is not None else torch.zeros(len(part), *p.shape, dtype=p.dtype, device=p.device))
+                              .reshape(len(part), -1).double() for g, p in zip(grads, params)], dim=1)
+            out += list(flat)
+        except RuntimeError:
+            out += [flat_grad(logp, params, retain_graph=True, grad_outputs=v) for v in part]
+    return out
+
+
+class SameBatchLens:
+    """Trainer glue: ``snapshot()`` before the step's optimisation, ``evaluate(...)`` after it."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.every = trainer.recipe.logging.lens_every
+        self._before: torch.Tensor | None = None
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def _params(self) -> list[torch.Tensor]:
+        model = self.trainer.accelerator.unwrap_model(self.trainer.policy)
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def snapshot(self) -> None:
+        self._before = parameters_to_vector(self._params()).detach().clone()
+
+    def evaluate(self, batch, g_rewards, g_mask, g_kl, n_sequences: int) -> dict:
+        """The lens payload for the step whose ``snapshot()`` was taken (see module docstring)."""
+        from workbench.engine.forward import logprobs_and_entropy  # the engine's own forward
+
+        t0 = time.perf_counter()
+        tr, r = self.trainer, self.trainer.recipe
+        acc, a = tr.accelerator, r.algorithm
+        params = self._params()
+        after = parameters_to_vector(params).detach().clone()
+        update = (self._before - after).double()
+        reduce = (lambda x: acc.reduce(x, reduction="sum")) if tr.world > 1 else (lambda x: x)
+        g_values = acc.gather(batch.old_values) if batch.old_values is not None else None
+        advantages = lens_advantages(g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values)
+        B = batch.completion_mask.shape[0]
+        mine = slice(tr.rank * B, (tr.rank + 1) * B)
+        local = {k: v[mine] for k, v in advantages.items()}
+        num_tokens, num_seqs = tr._global_counts(batch.loss_mask)
+        norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
+        run = (lens_key(a.advantage, a.grpo_scale), a.policy_loss)
+        model = acc.unwrap_model(tr.policy)
+        kwargs = dict(losses=POLICY_LOSSES.names(), loss_cfg=r.policy_loss_config(), aggregation=a.aggregation,
+                      norm=norm, run=run, update=update, reduce=reduce)
+        points = {}
+        vector_to_parameters(self._before, params)
+        try:
+            with torch.enable_grad(), acc.autocast():
+                logp = logprobs_and_entropy(model, batch, r.sampling.temperature, with_entropy=False)[0]
+                old = batch.old_logp if batch.old_logp is not None else logp.detach()  # the sampling policy
+                points["before"] = lens_report(logp, old, local, batch.loss_mask, params, **kwargs)
+                del logp
+                vector_to_parameters(after, params)
+                logp = logprobs_and_entropy(model, batch, r.sampling.temperature, with_entropy=False)[0]
+                points["after"] = lens_report(logp, old, local, batch.loss_mask, params, **kwargs)
+        finally:
+            vector_to_parameters(after, params)
+            self._before = None
+        n = min(n_sequences, B)
+        return {
+            "run": {"advantage": run[0], "policy_loss": run[1]},
+            "aggregation": a.aggregation,
+            "update_norm": float(update.norm()),
+            "points": points,
+            # per-sequence mean advantage of the first n sequences of this rank, per estimator
+            "advantages": {k: masked_mean(v[:n], batch.completion_mask[:n], dim=1) for k, v in local.items()},
+            "time": time.perf_counter() - t0,
+        }
