@@ -110,7 +110,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     wait_until(lambda: cancel.is_enabled(), 30, "the cancel button")
     cancel.click()
     wait_until(lambda: store.get_run(rloo_id)["status"] == "cancelled", 60, "the run to be cancelled")
-    page.get_by_text("cancelled").first.wait_for()
+    page.get_by_text("Status: cancelled").wait_for()  # the status line updates in place
     page.screenshot(path=str(DOCS / "runs.png"))
 
     # ---- export its sbatch script ---------------------------------------------------------------------

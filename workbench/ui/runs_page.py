@@ -40,6 +40,18 @@ def _table() -> None:
     st.dataframe(view, hide_index=True, column_config=TABLE_CONFIG, key="runs_table")
 
 
+def _run_status(run_id: str) -> None:
+    """The selected run's status line (and its error), refreshed while it is active."""
+    try:
+        run = store().get_run(run_id)
+    except wr.RunError:
+        return
+    progress = f"step {run['last_step'] + 1}/{run['total_steps']}"
+    st.markdown(f"Status: **{run['status']}** · {progress} · target `{run['target']}` · owner {run['created_by']}")
+    if run["error"]:
+        st.error(f"{run['status']}: {run['error']}")
+
+
 def _actions() -> None:
     runs = store().list_runs()
     if runs.empty:
@@ -47,8 +59,8 @@ def _actions() -> None:
     st.subheader("Manage a run")
     run_id = st.selectbox("Run", runs["id"].tolist(), format_func=run_option(runs), key="runs_selected")
     run = store().get_run(run_id)
-    if run["error"]:
-        st.error(f"{run['status']}: {run['error']}")
+    live = run["status"] in wr.ACTIVE_STATUSES
+    st.fragment(_run_status, run_every=1.0 if live else None)(run_id)  # follows a cancel without a rerun
     cols = st.columns(2)
     with cols[0]:
         new_name = st.text_input("Name", value=run["name"], key=f"runs_name:{run_id}")
