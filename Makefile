@@ -42,6 +42,8 @@ bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/core_bench.py
 	$(BIN)/python bench/engine_vs_trl.py
 	$(BIN)/python bench/ui_bench.py
+	$(BIN)/python bench/ingest_bench.py
+	$(BIN)/python bench/lens_bench.py
 
 clean:
 	rm -rf $(VENV)

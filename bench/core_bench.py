@@ -10,7 +10,6 @@ references are checked to agree before timing. One CPU thread.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from tests.helpers import assert_values
 from workbench.core import (
     entropy_from_logits,
     kl_per_token,

@@ -55,12 +55,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def e2e_home(tmp_path_factory):
+def e2e_home(tmp_path_factory, tiny_model_dir):
     """A temp workbench home with the tiny model already built (both runs then start at once)."""
     home = tmp_path_factory.mktemp("e2ehome")
-    env = {**os.environ, "WORKBENCH_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "workbench", "model", "build", "tiny"], env=env, check=True,
-                   capture_output=True, timeout=600)
+    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
     return home
 
 

@@ -96,7 +96,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     page.get_by_role("button", name="Watch live").click()
     page.evaluate("() => { window.__wbNoReload = 'still here'; }")
     first = wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and max(n) >= 1 and n, 180, "the first points", page=page)
-    later = wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and sum(n) >= sum(first) + 3 and n, 120,
+    wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and sum(n) >= sum(first) + 3 and n, 120,
                        "the live chart to gain points", page=page)
     assert page.evaluate("() => window.__wbNoReload") == "still here"  # same document: no reload
     assert page.evaluate("() => performance.getEntriesByType('navigation').length") == 1
@@ -126,3 +126,19 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     assert "advantage: rloo" in script and "steps: 3000" in script  # the run's own recipe, inlined
     page.screenshot(path=str(DOCS / "export.png"))
     assert page.evaluate("() => window.__wbNoReload") == "still here"  # navigation stayed client-side
+
+
+def test_every_lab_page_renders_its_figures(browser_page, server):
+    """Each lab, opened by URL in chromium: no exception box, and the analytic figures are drawn."""
+    from workbench.ui.labs import LAB_PAGES
+
+    page = browser_page
+    for _, title, url_path in LAB_PAGES:
+        page.goto(f"{server}/{url_path}")
+        main = page.get_by_test_id("stMain")
+        main.get_by_role("heading").first.wait_for()
+        if url_path != "lab-lens":  # the lens lab only plots runs that recorded a lens
+            wait_until(lambda: page.locator(".js-plotly-plot").count() > 0, 60, f"a figure on {title}", page=page)
+        page.wait_for_timeout(500)  # let the script run finish before looking for errors
+        errors = page.get_by_test_id("stException")
+        assert errors.count() == 0, f"{title}: {errors.first.inner_text()[:800]}"

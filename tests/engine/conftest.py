@@ -1,12 +1,14 @@
 import json
+import shutil
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def wb_home(tmp_path_factory):
-    """One workbench home (and one tiny-model build) for the engine tests."""
+def wb_home(tmp_path_factory, tiny_model_dir):
+    """One workbench home for the engine tests, holding the session's tiny-model build."""
     home = tmp_path_factory.mktemp("wbhome")
+    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
     mp = pytest.MonkeyPatch()
     mp.setenv("WORKBENCH_HOME", str(home))
     yield home

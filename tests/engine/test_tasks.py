@@ -248,7 +248,7 @@ def test_length_probe_references_vary_in_length():
 
 
 def test_unknown_task_lists_registered_names():
-    with pytest.raises(ValueError, match="unknown task 'nope'; registered tasks: arithmetic, length_probe, reverse"):
+    with pytest.raises(ValueError, match="unknown task 'nope'; registered tasks: arithmetic, arithmetic_drill, length_probe, reverse"):
         get_task("nope")
 
 
@@ -331,3 +331,22 @@ def test_saved_datasets_directory(tmp_path):
     assert load_dataset_rows(str(tmp_path / "ds")) == [{"prompt": "1+1=", "answer": "2"}]
     with pytest.raises(ValueError, match="no split 'test'"):
         load_dataset_rows(str(tmp_path / "ds"), split="test")
+
+
+def test_arithmetic_drill_repeats_one_fixed_set_of_problems():
+    from workbench.engine.tasks import ARITHMETIC_DRILL_SIZE, arithmetic_drill_rows, arithmetic_rows
+
+    rows = arithmetic_drill_rows(100, seed=3)
+    assert len(rows) == 100
+    assert rows[:ARITHMETIC_DRILL_SIZE] == arithmetic_rows(ARITHMETIC_DRILL_SIZE, 3)
+    assert rows[ARITHMETIC_DRILL_SIZE:2 * ARITHMETIC_DRILL_SIZE] == rows[:ARITHMETIC_DRILL_SIZE]
+    assert get_task("arithmetic_drill").reward_funcs == get_task("arithmetic").reward_funcs
+
+
+def test_quickstart_is_grpo_rloo_ppo_on_the_drill_with_one_seed():
+    from workbench.runs import quickstart_recipes
+
+    recipes = quickstart_recipes()
+    assert [r.name for r in recipes] == ["grpo", "rloo", "ppo"]
+    assert {(r.task, r.model, r.train.seed, r.sampling.prompts_per_step) for r in recipes} == {("arithmetic_drill", "tiny", 0, 8)}
+    assert [r.algorithm.advantage for r in recipes] == ["grpo", "rloo", "gae"]

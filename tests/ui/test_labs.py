@@ -3,7 +3,6 @@ empirical views on a real run launched through workbench.runs (tiny model, real 
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,16 +25,14 @@ def lab(url: str) -> AppTest:
 
 
 @pytest.fixture(scope="module")
-def lab_home(tmp_path_factory):
+def lab_home(tmp_path_factory, tiny_model_dir):
     """A workbench home with one real run: GRPO, mu = 2 (so tokens get clipped), 3 steps,
     diagnostics and the lens every step, launched by workbench.runs on this machine."""
     home = tmp_path_factory.mktemp("labs")
     mp = pytest.MonkeyPatch()
     mp.setenv("WORKBENCH_HOME", str(home))
     mp.delenv("WORKBENCH_PASSWORD", raising=False)
-    cached = Path.home() / ".workbench" / "models" / "tiny-v1"  # a deterministic build: reuse it if present
-    if cached.exists():
-        shutil.copytree(cached, home / "models" / "tiny-v1")
+    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)  # the session's build
     from workbench.runs import RunStore, launch, wait
 
     store = RunStore()

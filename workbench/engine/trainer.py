@@ -298,7 +298,7 @@ class Trainer:
     def optimise(self, batch: StepBatch, step: int):
         """mu passes x minibatches x micro-batches. Returns averaged metrics and last-pass
         per-token diagnostics (ratio, region, zero_grad) for every row."""
-        r, acc = self.recipe, self.accelerator
+        r = self.recipe
         B = batch.completion_mask.shape[0]
         single_pass = r.train.mu == 1 and r.train.minibatches == 1
         sums: dict[str, float] = {}
