@@ -150,7 +150,7 @@ def main() -> None:
         lat = latency(args.latency_steps)
         lat.sort()
         print(f"Live update, event written -> browser chart ({len(lat)} steps): median {statistics.median(lat):.2f} s, "
-              f"max {lat[-1]:.2f} s (collector every 1 s + fragment every 1 s)")
+              f"max {lat[-1]:.2f} s (collector every 0.25 s + fragment every 1 s)")
     import shutil
 
     shutil.rmtree(SCRATCH, ignore_errors=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from workbench.recipe import Recipe, load_recipe
 
 QUICKSTART_PRESETS = ("grpo", "rloo", "ppo")
-# 16 repeated problems: reward climbs within ~40 steps; 8 prompts x G=8 keeps a step < 0.5 s per run
-QUICKSTART_OVERRIDES = ["task=arithmetic_drill", "sampling.prompts_per_step=8", "train.steps=80"]
+# 16 repeated problems, 8 prompts x G=8, 160 steps: measured here (2 cores, all three at once) RLOO
+# and PPO climb from ~0.45 to ~0.63 reward and GRPO (KL 0.04) stays ~0.4-0.5; done in ~90 s
+QUICKSTART_OVERRIDES = ["task=arithmetic_drill", "sampling.prompts_per_step=8", "train.steps=160"]
 
 
 def quickstart_recipes() -> list[Recipe]:
