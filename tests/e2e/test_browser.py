@@ -111,6 +111,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     cancel.click()
     wait_until(lambda: store.get_run(rloo_id)["status"] == "cancelled", 60, "the run to be cancelled")
     page.get_by_text("Status: cancelled").wait_for()  # the status line updates in place
+    page.wait_for_timeout(2500)  # one refresh of the runs table (every 2 s while runs are live)
     page.screenshot(path=str(DOCS / "runs.png"))
 
     # ---- export its sbatch script ---------------------------------------------------------------------

@@ -48,8 +48,8 @@ def _run_status(run_id: str) -> None:
         return
     progress = f"step {run['last_step'] + 1}/{run['total_steps']}"
     st.markdown(f"Status: **{run['status']}** · {progress} · target `{run['target']}` · owner {run['created_by']}")
-    if run["error"]:
-        st.error(f"{run['status']}: {run['error']}")
+    if run["error"]:  # a cancel is the user's own doing: a notice, not an alarm
+        (st.info if run["status"] == "cancelled" else st.error)(f"{run['status']}: {run['error']}")
 
 
 def _actions() -> None:
