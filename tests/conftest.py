@@ -1,8 +1,8 @@
 """Fixtures shared by every test package: one tiny-model build per session, copied into fresh homes."""
 
-import shutil
-
 import pytest
+
+from tests.helpers import home_with_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,6 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture
 def fresh_home(tmp_path, monkeypatch, tiny_model_dir):
     """An empty workbench home (WORKBENCH_HOME) that already holds the built tiny model."""
-    home = tmp_path / "home"
-    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
+    home = home_with_tiny_model(tmp_path / "home", tiny_model_dir)
     monkeypatch.setenv("WORKBENCH_HOME", str(home))
     return home

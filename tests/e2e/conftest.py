@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import home_with_tiny_model
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "e2e-s3cret"
@@ -57,9 +59,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def e2e_home(tmp_path_factory, tiny_model_dir):
     """A temp workbench home with the tiny model already built (both runs then start at once)."""
-    home = tmp_path_factory.mktemp("e2ehome")
-    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
-    return home
+    return home_with_tiny_model(tmp_path_factory.mktemp("e2ehome"), tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

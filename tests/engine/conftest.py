@@ -1,14 +1,13 @@
 import json
-import shutil
-
 import pytest
+
+from tests.helpers import home_with_tiny_model
 
 
 @pytest.fixture(scope="session")
 def wb_home(tmp_path_factory, tiny_model_dir):
     """One workbench home for the engine tests, holding the session's tiny-model build."""
-    home = tmp_path_factory.mktemp("wbhome")
-    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
+    home = home_with_tiny_model(tmp_path_factory.mktemp("wbhome"), tiny_model_dir)
     mp = pytest.MonkeyPatch()
     mp.setenv("WORKBENCH_HOME", str(home))
     yield home

@@ -7,7 +7,6 @@ for the cluster (every "node" is this machine); the script itself runs unchanged
 """
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import home_with_tiny_model
 from tests.export.slurm_cluster import cluster_env, hostname, srun_calls
 from workbench.engine.events import read_events
 from workbench.export.scripts import BashOptions, SlurmOptions, bash_script, recipe_yaml, sbatch_script
@@ -29,9 +29,7 @@ QUICK = ["train.steps=3", "logging.diagnostics_sequences=2", "logging.samples_pe
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, tiny_model_dir):
     """A workbench home with the tiny model already built (shared by this module's runs)."""
-    home = tmp_path_factory.mktemp("exporthome")
-    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
-    return home
+    return home_with_tiny_model(tmp_path_factory.mktemp("exporthome"), tiny_model_dir)
 
 
 @pytest.fixture(scope="module")

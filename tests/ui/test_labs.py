@@ -2,7 +2,6 @@
 empirical views on a real run launched through workbench.runs (tiny model, real subprocess)."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import torch
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
+from tests.helpers import home_with_tiny_model
 from tests.viz.test_labs import values
 from workbench.recipe import load_recipe
 from workbench.viz import lab_regions
@@ -32,7 +32,7 @@ def lab_home(tmp_path_factory, tiny_model_dir):
     mp = pytest.MonkeyPatch()
     mp.setenv("WORKBENCH_HOME", str(home))
     mp.delenv("WORKBENCH_PASSWORD", raising=False)
-    shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)  # the session's build
+    home_with_tiny_model(home, tiny_model_dir)  # the session's build
     from workbench.runs import RunStore, launch, wait
 
     store = RunStore()
