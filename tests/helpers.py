@@ -17,3 +17,14 @@ def home_with_tiny_model(home, tiny_model_dir):
     home = Path(home)
     shutil.copytree(tiny_model_dir, home / "models" / tiny_model_dir.name)
     return home
+
+
+def missing_component(reason: str) -> None:
+    """A system component a test needs is missing: fail under CI (CI=true/1), skip elsewhere."""
+    import os
+
+    import pytest
+
+    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+        pytest.fail(reason)
+    pytest.skip(reason)
