@@ -44,6 +44,7 @@ bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/ui_bench.py
 	$(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/lens_bench.py
+	$(BIN)/python bench/learning_bench.py
 
 clean:
 	rm -rf $(VENV)

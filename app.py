@@ -1,6 +1,6 @@
 """Streamlit entry point: ``streamlit run app.py``. Pages live in ``workbench/ui``.
 
-The sidebar holds the navigation (Workbench, Learn, Labs) and the sign-in form; a background
+The sidebar holds the navigation (Workbench, Labs) and the sign-in form; a background
 collector thread keeps the run store in step with running runs while the app is up.
 """
 

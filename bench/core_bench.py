@@ -3,8 +3,8 @@
 Run: .venv/bin/python bench/core_bench.py [--B 256 --T 1024]
 Prints, for each function, the vectorised time beside two references run in this same process on
 the same data: the equations coded one sequence at a time on tensors (the naive implementation),
-and the same loops on plain Python floats (the fastest pure-Python form). Vectorised and
-references are checked to agree before timing. One CPU thread.
+and the same loops on plain Python floats (the fastest pure-Python form). The vectorised result is
+checked against *both* references before it is timed. One CPU thread.
 """
 
 from __future__ import annotations
@@ -18,12 +18,22 @@ from workbench.core import AdvantageConfig, PolicyLossConfig, aggregate_loss, co
 
 
 def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(timed(fn)[0] for _ in range(repeats))
+
+
+def timed(fn):
+    """(seconds, result) of one call."""
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def check_close(name: str, got, references: dict, atol: float, rtol: float) -> None:
+    """The vectorised result equals every reference (lists, floats or tensors), in float64."""
+    got = torch.as_tensor(got, dtype=torch.float64)
+    for label, expected in references.items():
+        torch.testing.assert_close(got, torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=rtol,
+                                   msg=lambda m, label=label: f"{name}: vectorised != {label} reference\n{m}")
 
 
 # ---- naive references: one sequence and one token at a time, plain Python floats ----------
@@ -63,7 +73,10 @@ def ref_aggregate(mode, loss, lengths, max_len):
         return sum(s / n for s, n in zip(seq_sums, lengths) if n > 0) / seqs
     if mode == "seq-mean-token-sum":
         return sum(seq_sums) / seqs
-    return sum(seq_sums) / (seqs * max_len)
+    if mode == "seq-mean-token-sum-norm":
+        return sum(seq_sums) / (seqs * max_len)
+    assert mode == "token-sum-norm", mode
+    return sum(seq_sums) / max_len
 
 
 def ref_clip_loss(logp, old, adv, lengths, eps):
@@ -127,7 +140,8 @@ def seq_torch_aggregate(mode, loss, mask, max_len):
         total, tokens, seqs = total + s, tokens + n, seqs + (n > 0)
         per_seq = per_seq + (s / n if n else 0.0)
     return {"token-mean": total / tokens, "seq-mean-token-mean": per_seq / seqs,
-            "seq-mean-token-sum": total / seqs, "seq-mean-token-sum-norm": total / (seqs * max_len)}[mode]
+            "seq-mean-token-sum": total / seqs, "seq-mean-token-sum-norm": total / (seqs * max_len),
+            "token-sum-norm": total / max_len}[mode]
 
 
 def seq_torch_clip_loss(logp, old, adv, mask, eps):
@@ -170,47 +184,44 @@ def main() -> None:
 
     rows = []
 
-    def bench(name, vec, ref, check, seq_ref):
-        check()
+    def bench(name, vec, ref, seq_ref, pick=lambda out: out, atol=1e-4, rtol=1e-4):
+        """Check pick(vec()) against both references, then time all three (the per-seq torch
+        reference once: its checked result is the one it was timed producing)."""
+        ts, seq_out = timed(seq_ref)
+        check_close(name, pick(vec()), {"pure Python": ref(), "per-seq torch": seq_out}, atol, rtol)
         tv = best_time(vec, args.repeats)
         tr = best_time(ref, max(1, args.repeats // 2))
-        ts = best_time(seq_ref, 1)
         rows.append((name, tv * 1e3, ts * 1e3, ts / tv, tr * 1e3, tr / tv))
 
     gae_cfg = AdvantageConfig(gamma=0.99, lam=0.95)
     gae_vec = lambda: compute_advantages("gae", rewards, mask, gae_cfg, values=values)  # noqa: E731
     gae_ref = lambda: ref_gae(L["rewards"], L["values"], lengths, 0.99, 0.95)  # noqa: E731
-    bench("gae (gamma .99, lambda .95)", gae_vec, gae_ref,
-          lambda: torch.testing.assert_close(gae_vec().advantages, torch.tensor(gae_ref()), atol=1e-3, rtol=1e-4),
-          lambda: seq_torch_gae(rewards, values, mask, 0.99, 0.95))
+    bench("gae (gamma .99, lambda .95)", gae_vec, gae_ref, lambda: seq_torch_gae(rewards, values, mask, 0.99, 0.95),
+          pick=lambda out: out.advantages, atol=1e-3)
 
     pp_cfg = AdvantageConfig(gamma=0.99)
     pp_vec = lambda: compute_advantages("reinforce_pp", rewards, mask, pp_cfg)  # noqa: E731
     pp_ref = lambda: ref_returns(L["rewards"], lengths, 0.99)  # noqa: E731
-    bench("reinforce_pp (returns + whiten)", pp_vec, pp_ref,
-          lambda: torch.testing.assert_close(pp_vec().returns, torch.tensor(pp_ref()), atol=1e-4, rtol=1e-4),
-          lambda: seq_torch_returns(rewards, mask, 0.99))
+    bench("reinforce_pp (returns + whiten)", pp_vec, pp_ref, lambda: seq_torch_returns(rewards, mask, 0.99),
+          pick=lambda out: out.returns)
 
     G = 8
     grpo_vec = lambda: compute_advantages("grpo", rewards, mask, AdvantageConfig(group_size=G))  # noqa: E731
     grpo_ref = lambda: ref_grpo(L["rewards"], G, 1e-6)  # noqa: E731
-    bench("grpo advantages (G=8)", grpo_vec, grpo_ref,
-          lambda: torch.testing.assert_close(grpo_vec().advantages[:, 0], torch.tensor(grpo_ref()), atol=1e-4, rtol=1e-4),
-          lambda: seq_torch_grpo(rewards, G, 1e-6))
+    bench("grpo advantages (G=8)", grpo_vec, grpo_ref, lambda: seq_torch_grpo(rewards, G, 1e-6),
+          pick=lambda out: out.advantages[:, 0])
 
-    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm"):
         vec = lambda mode=mode: aggregate_loss(mode, loss, mask, max_len=T)  # noqa: E731
         ref = lambda mode=mode: ref_aggregate(mode, L["loss"], lengths, T)  # noqa: E731
-        bench(f"aggregate {mode}", vec, ref, lambda vec=vec, ref=ref: abs(vec().item() - ref()) < 1e-3 or (_ for _ in ()).throw(AssertionError(mode)),
-              lambda mode=mode: seq_torch_aggregate(mode, loss, mask, T))
+        bench(f"aggregate {mode}", vec, ref, lambda mode=mode: seq_torch_aggregate(mode, loss, mask, T), atol=1e-3)
 
     adv = torch.randn(B, 1, generator=g).expand(B, T).contiguous() * mask
     clip_vec = lambda: compute_policy_loss("clip", logp, old, adv, mask, PolicyLossConfig())  # noqa: E731
     adv_l = adv.tolist()
     clip_ref = lambda: ref_clip_loss(L["logp"], L["old"], [row[0] for row in adv_l], lengths, 0.2)  # noqa: E731
-    bench("policy loss clip (+ diagnostics)", clip_vec, clip_ref,
-          lambda: torch.testing.assert_close(clip_vec()[0], torch.tensor(clip_ref()), atol=1e-4, rtol=1e-4),
-          lambda: seq_torch_clip_loss(logp, old, adv, mask, 0.2))
+    bench("policy loss clip (+ diagnostics)", clip_vec, clip_ref, lambda: seq_torch_clip_loss(logp, old, adv, mask, 0.2),
+          pick=lambda out: out[0])
 
     print(f"workbench.core on B={B} T={T}, 1 thread (best of {args.repeats}); references on the same data:")
     print("  per-seq torch = the equations coded one sequence (and, for recurrences, one token) at a time on tensors")

@@ -28,3 +28,22 @@ def missing_component(reason: str) -> None:
     if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def live_processes() -> dict[int, dict]:
+    """Every live (non-zombie) process, read from /proc independently of the code under test:
+    {pid: {"ppid", "pgid", "start", "cmdline"}}."""
+    from pathlib import Path
+
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            table[int(entry.name)] = {"ppid": int(fields[1]), "pgid": int(fields[2]), "start": fields[19], "cmdline": cmdline}
+    return table

@@ -374,12 +374,6 @@ def test_unknown_field_in_yaml_is_rejected():
     raises("train: {steps: 3, epochs: 2}", "train.epochs=2", "unknown field", "mu", "minibatches")
 
 
-def test_reward_weights_length_mismatch():
-    raises("reward_funcs: [correct, format]\nreward_weights: [1.0]", "reward_weights has 1", "reward_funcs has 2")
-    ok = Recipe.from_yaml("reward_funcs: [correct, format]\nreward_weights: [1.0, 0.5]")
-    assert ok.reward_weights == [1.0, 0.5]
-
-
 @pytest.mark.parametrize("field", ["clip_c", "delta"])
 def test_dual_clip_must_exceed_one_plus_eps_high(field):
     raises(f"algorithm: {{{field}: 1.2, eps_high: 0.28}}", f"{field}=1.2", "1 + eps_high = 1.28")
@@ -438,3 +432,10 @@ algorithm: {eps_low: 0.1, eps_high: 0.3, clip_c: 3.0, delta: 4.0, gspo_variant: 
     assert (gspo.eps_low, gspo.eps_high, gspo.gspo_variant) == (3e-4, 4e-4, "sequence")
     dapo = load_recipe("dapo").policy_loss_config()
     assert (dapo.eps_low, dapo.eps_high, dapo.clip_c, dapo.delta) == (0.2, 0.28, None, None)
+
+
+def test_single_pass_means_one_update_per_batch():
+    assert Recipe().train.single_pass
+    assert not Recipe.from_yaml("train: {mu: 2}").train.single_pass
+    assert not Recipe.from_yaml("train: {minibatches: 2}").train.single_pass
+    assert "single_pass" not in Recipe().to_dict()["train"]  # derived, not a recipe field

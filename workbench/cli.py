@@ -75,8 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.runs.cli import add_run_parsers
 
     add_run_parsers(sub)
-    add_export_parser(sub)
+    # export is pure text below the run layer: the run store and the settings are handed in from here
+    add_export_parser(sub, resolve_run=_stored_recipe, slurm_defaults=_slurm_defaults)
     return parser
+
+
+def _stored_recipe(run_id: str) -> str | None:
+    """The recipe YAML stored with ``run_id`` in the run store; None for an unknown id."""
+    from workbench.runs import RunError, RunStore
+
+    try:
+        return RunStore().get_run(run_id)["recipe"]
+    except RunError:
+        return None
+
+
+def _slurm_defaults() -> dict:
+    """The settings' slurm section (partition, account, nodes, gpus_per_node, time) as SlurmOptions fields."""
+    from workbench.export.scripts import ExportError
+    from workbench.runs import SettingsError, load_settings
+
+    try:
+        return load_settings().slurm.model_dump()
+    except SettingsError as err:
+        raise ExportError(str(err)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ fails with an error naming the field, the value and what is allowed.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from workbench.core import (
     ADVANTAGE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    GROUP_ESTIMATORS,
     GRPO_SCALES,
     KL_ESTIMATORS,
     KL_PLACEMENTS,
@@ -24,6 +27,7 @@ from workbench.core import (
     TOKEN_LEVEL_ESTIMATORS,
     AdvantageConfig,
     PolicyLossConfig,
+    check_choice,
 )
 from workbench.core.policy_losses import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS
 
@@ -36,13 +40,6 @@ class RecipeError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
-
-
-def _one_of(field: str, value: str, allowed) -> str:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
-    return value
 
 
 # Algorithm fields whose values are names from a core registry or option list.
@@ -109,26 +106,29 @@ class Algorithm(_Section):
     value_clip: float | None = 0.2
     """PPO value clipping range around the old values (None = off)."""
     vf_coef: float = Field(0.5, ge=0)
-    """Weight of the value loss (the critic has its own optimiser; this scales its loss)."""
+    """Scale of the critic's gradient. The critic is a separate model with its own AdamW, so unlike shared-backbone PPO nothing is traded against the policy loss: Adam ignores a constant gradient scale, and vf_coef only changes where the critic's own gradient clipping (optim.max_grad_norm) starts to bite. loss/value is logged unscaled. Kept for parity with TRL / verl PPO configs."""
 
     @field_validator(*[name for name in _NAMED_CHOICES])
     @classmethod
     def _registered_name(cls, value: str, info: ValidationInfo) -> str:
         """Named options must be registered in workbench.core (the registry is the source of truth)."""
-        return _one_of(f"algorithm.{info.field_name}", value, _NAMED_CHOICES[info.field_name]())
+        return check_choice(f"algorithm.{info.field_name}", value, _NAMED_CHOICES[info.field_name]())
 
     @model_validator(mode="after")
     def _cross(self):
-        if self.advantage == "gae" and not self.critic:
-            raise ValueError("algorithm.advantage='gae' needs algorithm.critic=true (GAE uses the critic's values)")
-        if self.critic and self.advantage != "gae":
-            raise ValueError(f"algorithm.critic=true is only used by advantage='gae', not {self.advantage!r}")
+        needs_critic = self.advantage in CRITIC_ESTIMATORS
+        if needs_critic and not self.critic:
+            raise ValueError(f"algorithm.advantage={self.advantage!r} needs algorithm.critic=true (it uses the critic's values)")
+        if self.critic and not needs_critic:
+            raise ValueError(
+                f"algorithm.critic=true is only used by advantage={' / '.join(map(repr, sorted(CRITIC_ESTIMATORS)))}, not {self.advantage!r}"
+            )
         PolicyLossConfig(**self.policy_loss_kwargs())  # clip_c/delta vs eps_high, with the field names
         return self
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
-        keys = ("eps_low", "eps_high", "clip_c", "delta", "gspo_variant", "cispo_bounds", "reinforce_form")
-        return {k: getattr(self, k) for k in keys}
+        """The fields PolicyLossConfig has (same names), so a new loss setting needs no list here."""
+        return {f.name: getattr(self, f.name) for f in fields(PolicyLossConfig)}
 
     @property
     def uses_reference(self) -> bool:
@@ -190,6 +190,12 @@ class Train(_Section):
     threads: int = Field(1, ge=1)
     """torch threads per CPU process (on 2 cores, 1 is fastest for generation)."""
 
+    @property
+    def single_pass(self) -> bool:
+        """One optimiser update per batch: the old policy is the current one, so the ratio is
+        logp / sg(logp) = 1 and no separate old log-prob pass is needed for it."""
+        return self.mu == 1 and self.minibatches == 1
+
 
 class Logging(_Section):
     """What the run records."""
@@ -220,7 +226,7 @@ class Recipe(_Section):
     reward_funcs: list[str] = Field(default_factory=list)
     """Reward functions by built-in name or import path 'package.module:function' (default: the task's)."""
     reward_weights: list[float] | None = None
-    """One weight per reward function (default 1 each)."""
+    """One weight per reward function (default 1 each; with reward_funcs empty, for the task's functions). Checked against the functions when the run starts."""
     algorithm: Algorithm = Field(default_factory=Algorithm)
     sampling: Sampling = Field(default_factory=Sampling)
     optim: Optim = Field(default_factory=Optim)
@@ -231,10 +237,6 @@ class Recipe(_Section):
     def _cross(self):
         if self.task is None and self.dataset is None:
             raise ValueError("task and dataset are both empty: set one of them")
-        if self.reward_weights is not None and self.reward_funcs and len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(self.reward_weights)} values but reward_funcs has {len(self.reward_funcs)}; give one weight per function"
-            )
         batch = self.batch_size
         per_update = self.train.minibatches * self.train.grad_accum
         if batch % per_update != 0:
@@ -242,7 +244,7 @@ class Recipe(_Section):
                 f"the batch (sampling.prompts_per_step x sampling.num_generations = {batch}) must divide into "
                 f"train.minibatches x train.grad_accum = {per_update} equal parts"
             )
-        if self.algorithm.advantage in ("grpo", "rloo", "reinforce_pp_baseline") and self.sampling.num_generations < 2:
+        if self.algorithm.advantage in GROUP_ESTIMATORS and self.sampling.num_generations < 2:
             raise ValueError(
                 f"algorithm.advantage={self.algorithm.advantage!r} needs a group baseline: sampling.num_generations must be >= 2"
             )

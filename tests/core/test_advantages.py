@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_values
-from workbench.core import AdvantageConfig, compute_advantages, token_level_rewards
+from workbench.core import GROUP_ESTIMATORS, AdvantageConfig, compute_advantages, token_level_rewards
 
 EPS = 1e-6
 FULL = torch.ones(6, 3)  # every completion has 3 valid tokens
@@ -57,10 +57,24 @@ def test_rloo_hand_values_and_identity_with_dr_grpo():
     assert torch.allclose(rloo, G / (G - 1) * seq_adv("grpo", group_size=3, scale="none"))
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo"])
+@pytest.mark.parametrize("name", sorted(GROUP_ESTIMATORS))
 def test_group_of_one_gets_zero_advantage(name):
     out = compute_advantages(name, torch.tensor([0.3, 5.0]), torch.ones(2, 4), AdvantageConfig(group_size=1))
     assert torch.equal(out.advantages, torch.zeros(2, 4))
+
+
+def test_group_estimators_are_exactly_those_that_read_the_groups():
+    """GROUP_ESTIMATORS (the recipe asks them for G >= 2) = the estimators whose advantages change
+    with the grouping: a registered estimator cannot silently miss the set."""
+    from workbench.core import ADVANTAGE_ESTIMATORS
+
+    values = torch.tensor([[0.1, 0.2], [0.3, 0.1], [0.0, 0.5], [0.2, 0.2]])
+    grouping = {}
+    for name in ADVANTAGE_ESTIMATORS.names():
+        a, b = (compute_advantages(name, REWARDS[:4], torch.ones(4, 2), AdvantageConfig(group_size=g), values=values).advantages
+                for g in (1, 2))
+        grouping[name] = not torch.allclose(a, b)
+    assert {name for name, reads in grouping.items() if reads} == GROUP_ESTIMATORS
 
 
 def test_reinforce_batch_mean_baseline():
@@ -134,15 +148,25 @@ def test_gae_by_hand():
     assert out.returns.tolist()[0] == pytest.approx([0.60624, 0.792, 1.0], abs=1e-12)
 
 
+def slow_token_rewards(rewards, mask, kl=None, kl_coef=0.0):
+    """Per-sequence reference loop: -kl_coef * kl on each valid token, plus the reward on the
+    last valid one. -> one list of (token index, reward) per sequence."""
+    out = []
+    for i in range(mask.shape[0]):
+        idx = [t for t in range(mask.shape[1]) if mask[i, t] > 0]
+        r = [(-kl_coef * kl[i, t].item() if kl is not None else 0.0) for t in idx]
+        if idx:
+            r[-1] += rewards[i].item()
+        out.append(list(zip(idx, r)))
+    return out
+
+
 def slow_gae(rewards, values, mask, gamma, lam, kl=None, kl_coef=0.0):
     """Per-sequence reference loop over valid tokens only."""
     B, T = mask.shape
     adv = torch.zeros(B, T, dtype=torch.float64)
-    for i in range(B):
-        idx = [t for t in range(T) if mask[i, t] > 0]
-        r = [(-kl_coef * kl[i, t].item() if kl is not None else 0.0) for t in idx]
-        if idx:
-            r[-1] += rewards[i].item()
+    for i, row in enumerate(slow_token_rewards(rewards, mask, kl, kl_coef)):
+        idx, r = [t for t, _ in row], [x for _, x in row]
         last = 0.0
         for k in reversed(range(len(idx))):
             v_next = values[i, idx[k + 1]].item() if k + 1 < len(idx) else 0.0
@@ -178,10 +202,14 @@ def test_gae_at_gamma_lambda_one_is_returns_to_go_minus_value():
     rewards = torch.randn(B, generator=g, dtype=torch.float64)
     cfg = AdvantageConfig(gamma=1.0, lam=1.0, kl_coef=0.2)
     out = compute_advantages("gae", rewards, mask, cfg, kl=kl, values=values)
-    r_t = token_level_rewards(rewards, mask, kl, 0.2)
-    returns_to_go = r_t.flip(1).cumsum(1).flip(1)
+    returns_to_go = torch.zeros(B, T, dtype=torch.float64)  # the test's own loop, not core's token rewards
+    for i, row in enumerate(slow_token_rewards(rewards, mask, kl, 0.2)):
+        run = 0.0
+        for t, r in reversed(row):
+            run += r
+            returns_to_go[i, t] = run
     assert torch.allclose(out.advantages, (returns_to_go - values) * mask, atol=1e-12)
-    assert torch.allclose(out.returns, returns_to_go * mask, atol=1e-12)
+    assert torch.allclose(out.returns, returns_to_go, atol=1e-12)
 
 
 def test_whitening_is_masked():

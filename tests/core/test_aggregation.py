@@ -74,8 +74,24 @@ def test_local_denominators_would_differ():
 
 
 def test_empty_mask_gives_zero_not_nan():
-    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm"):
         assert aggregate_loss(mode, LOSS, torch.zeros_like(MASK), max_len=4).item() == 0.0
+
+
+def test_masked_out_completion_still_counts_as_a_sequence():
+    # row 1 is a truncated completion whose loss is masked (DAPO overlong filtering): it gives no
+    # tokens but is still one of the B = 2 sequences (TRL's dr_grpo divides by B * L_max)
+    completion_mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    loss_mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    num_tokens, num_seqs = batch_normalizers(loss_mask, completion_mask)
+    assert (num_tokens.item(), num_seqs.item()) == (2, 2)
+    assert batch_normalizers(loss_mask)[1].item() == 1  # the loss mask alone sees one sequence
+    norm = dict(max_len=4, num_tokens=num_tokens, num_seqs=num_seqs)
+    # row 0 sums to 1 + 2 = 3
+    assert aggregate_loss("seq-mean-token-sum-norm", LOSS, loss_mask, **norm).item() == pytest.approx(3 / (2 * 4))
+    assert aggregate_loss("seq-mean-token-sum", LOSS, loss_mask, **norm).item() == pytest.approx(3 / 2)
+    assert aggregate_loss("seq-mean-token-mean", LOSS, loss_mask, **norm).item() == pytest.approx((3 / 2) / 2)
+    assert aggregate_loss("token-mean", LOSS, loss_mask, **norm).item() == pytest.approx(3 / 2)
 
 
 def test_sum_norm_requires_max_len():

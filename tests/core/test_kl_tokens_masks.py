@@ -8,6 +8,7 @@ import torch
 from workbench.core import (
     entropy_from_logits,
     kl_per_token,
+    length_metrics,
     logprobs_from_logits,
     opsm_mask,
     reward_metrics,
@@ -86,6 +87,21 @@ def test_reward_metrics_trl_names():
     assert m["reward"].item() == pytest.approx(0.75)
     assert m["reward_std"].item() == pytest.approx(math.sqrt(0.5) / 2)
     assert m["frac_reward_zero_std"].item() == pytest.approx(0.5)
+
+
+def test_reward_metrics_with_one_completion_per_prompt():
+    m = reward_metrics(torch.tensor([1.0, 0.0], dtype=torch.float64), group_size=1)
+    # no spread inside a group of one: reward_std 0, every group has zero std
+    assert (m["reward"].item(), m["reward_std"].item(), m["frac_reward_zero_std"].item()) == (0.5, 0.0, 1.0)
+    assert m["reward_std"].device == m["reward"].device and m["reward_std"].dtype == m["reward"].dtype
+
+
+def test_length_metrics_trl_names():
+    m = length_metrics(torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]), torch.tensor([False, True]))
+    assert {k: v.item() for k, v in m.items()} == {
+        "completions/mean_length": 2.5, "completions/min_length": 2.0, "completions/max_length": 3.0,
+        "completions/clipped_ratio": 0.5,
+    }
 
 
 def test_token_objective_adds_kl_and_subtracts_entropy():

@@ -126,6 +126,13 @@ def test_cispo_gradient_is_clipped_weight_times_advantage_for_every_token():
     assert_values(grad, -w * adv, atol=1e-12)
     assert not diag.zero_grad.any()
     assert diag.metrics["cispo/clip_ratio"].item() == pytest.approx(4 / 5)
+    # clip_ratio/* as ESTIMATORS.md defines them (TRL: CISPO clipping counts for A > 0):
+    # high = weight at 1 + eps_high with A > 0 (token 2 only; token 4 has A < 0),
+    # low = weight at 1 - eps_low with A < 0 (token 3 only; token 0 has A > 0)
+    assert diag.metrics["clip_ratio/high_mean"].item() == pytest.approx(1 / 5)
+    assert diag.metrics["clip_ratio/low_mean"].item() == pytest.approx(1 / 5)
+    assert diag.metrics["clip_ratio/region_mean"].item() == pytest.approx(2 / 5)
+    assert regions(diag) == ["trust", "trust", "clipped_high", "clipped_low", "trust"]
 
 
 def test_cispo_absolute_bounds_cap_only_from_above():

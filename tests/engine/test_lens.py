@@ -4,9 +4,17 @@ the trainer on the tiny model."""
 import pytest
 import torch
 
-from workbench.core import AdvantageConfig, PolicyLossConfig, aggregate_loss, compute_advantages, compute_policy_loss
+from workbench.core import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageConfig,
+    Advantages,
+    PolicyLossConfig,
+    aggregate_loss,
+    compute_advantages,
+    compute_policy_loss,
+)
 from workbench.engine.events import read_events
-from workbench.engine.lens import LENS_ADVANTAGES, lens_advantages, lens_key, lens_report
+from workbench.engine.lens import lens_advantages, lens_estimators, lens_key, lens_report
 from workbench.engine.trainer import Trainer
 from workbench.recipe import load_recipe
 
@@ -77,7 +85,7 @@ def test_every_combination_and_the_update_cosine():
     (g,) = torch.autograd.grad(aggregate_loss("seq-mean-token-mean", per_token, mask), W)
     # a plain SGD step theta_after = theta_before - 0.1 g: the update taken is 0.1 g
     rows, _ = report(update=0.1 * g.reshape(-1))
-    assert set(rows) == {(a, l) for a in LENS_ADVANTAGES if a != "gae" for l in LOSSES}
+    assert set(rows) == {(a, l) for a in lens_estimators() if a != "gae" for l in LOSSES}
     assert rows[("dr_grpo", "clip")]["cos_update"] == pytest.approx(1.0, abs=1e-12)
     assert rows[("rloo", "clip")]["cos_update"] == pytest.approx(1.0, abs=1e-12)
     assert rows[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-12)
@@ -88,7 +96,24 @@ def test_every_combination_and_the_update_cosine():
 def test_lens_key_maps_grpo_scales():
     assert lens_key("grpo", "none") == "dr_grpo"
     assert lens_key("grpo", "group") == "grpo"
+    assert lens_key("grpo", "batch") == "grpo_batch_std"
     assert lens_key("rloo", "group") == "rloo"
+
+
+def test_lens_covers_every_registered_estimator_and_grpo_scale():
+    assert list(lens_estimators()) == ["grpo", "dr_grpo", "grpo_batch_std", "rloo", "reinforce", "reinforce_pp",
+                                       "reinforce_pp_baseline", "gae"]
+
+    @ADVANTAGE_ESTIMATORS.register("lens_test_constant")
+    def constant(rewards, mask, cfg, *, kl=None, values=None):
+        return Advantages(0.5 * mask, 0.5 * mask)
+
+    try:  # registered after the lens module was imported: it still joins, with no list to edit
+        assert lens_estimators()["lens_test_constant"] == ("lens_test_constant", {})
+        _, _, mask, rewards = small_policy()
+        assert torch.equal(lens_advantages(rewards, mask, AdvantageConfig(group_size=G))["lens_test_constant"], 0.5 * mask)
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister("lens_test_constant")
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from workbench.engine.events import read_events
 from workbench.engine.tiny import load_model_and_tokenizer
 from workbench.engine.trainer import parameter_digest
@@ -62,15 +64,29 @@ def test_sigterm_ends_run_cancelled_and_keeps_steps(wb_home, few_problems, tmp_p
     assert events[-1]["kind"] == "status" and events[-1]["status"] == "cancelled"
 
 
+def launch_two_processes(wb_home, port: int, *train_args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of ``workbench train ...`` on two CPU processes (gloo)."""
+    env = {**os.environ, "WORKBENCH_HOME": str(wb_home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           "-m", "workbench", "train", *train_args]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def linear_schedule(lr: float, warmup: int, total: int, updates: int) -> float:
+    """transformers' linear schedule after ``updates`` optimiser updates, written out by hand."""
+    if updates < warmup:
+        return lr * updates / warmup
+    return lr * max(0.0, (total - updates) / (total - warmup))
+
+
 def test_two_process_data_parallel(wb_home, few_problems, tmp_path):
     """accelerate launch --multi_gpu --num_processes 2 with Accelerator(cpu=True): both ranks end
-    with identical parameters, and the metrics describe the global batch of both ranks."""
-    env = {**os.environ, "WORKBENCH_HOME": str(wb_home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with identical parameters, the metrics describe the global batch of both ranks, and the LR
+    schedule advances once per optimiser update (not once per rank)."""
     run_dir = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
-           "-m", "workbench", "train", "ppo", "--set", "train.steps=4", "--set", f"dataset={few_problems}", "--run-dir", str(run_dir)]
-    res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    res = launch_two_processes(wb_home, 29533, "ppo", "--set", "train.steps=4", "--set", f"dataset={few_problems}",
+                               "--set", "optim.schedule=linear", "--set", "optim.warmup_steps=6", "--run-dir", str(run_dir))
     assert res.returncode == 0, res.stderr[-3000:]
     digests = [(run_dir / f"params.rank{r}.sha256").read_text() for r in (0, 1)]
     assert digests[0] == digests[1]
@@ -79,6 +95,11 @@ def test_two_process_data_parallel(wb_home, few_problems, tmp_path):
     ms = [e["metrics"] for e in events if e["kind"] == "metrics"]
     assert len(ms) == 4
     assert all(m["completions/count"] == 32 for m in ms)  # 4 prompts x 8, across both ranks
+    # ppo: mu 2 x 2 minibatches = 4 updates per step, 16 in all; after step s, 4 (s + 1) updates:
+    # 1e-3 x [4/6 (warm-up), (16-8)/10, (16-12)/10, 0] (a scheduler stepped per rank runs 2x faster)
+    expected = [linear_schedule(1e-3, 6, 16, 4 * (s + 1)) for s in range(4)]
+    assert expected == pytest.approx([4e-3 / 6, 8e-4, 4e-4, 0.0])
+    assert [m["lr"] for m in ms] == pytest.approx(expected, rel=1e-6, abs=1e-12)
     # ... and the identical parameters are not simply the untouched start: both ranks updated
     initial, _ = load_model_and_tokenizer("tiny")
     assert digests[0] != parameter_digest(initial)

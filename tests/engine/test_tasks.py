@@ -183,7 +183,7 @@ def test_wrong_length_or_type_is_reported():
 
 
 def test_misaligned_inputs_are_rejected():
-    with pytest.raises(ValueError, match="2 reward weights for 1 reward functions"):
+    with pytest.raises(ValueError, match=r"reward_weights has 2 values for 1 reward functions \(_a\)"):
         compute_rewards([_a], [1.0, 2.0], columns={}, **_batch())
     with pytest.raises(ValueError, match="column 'answer' has 3 values; expected 4"):
         compute_rewards([_a], None, columns={"answer": [1, 2, 3]}, **_batch())
@@ -253,8 +253,8 @@ def test_unknown_task_lists_registered_names():
 
 
 def test_task_weights_must_match_functions():
-    with pytest.raises(ValueError, match="2 reward functions but 1 weights"):
-        Task("t", "d", ("exact_match", "format"), (1.0,), 4, arithmetic_rows)
+    with pytest.raises(ValueError, match=r"task 't': reward_weights has 1 values for 2 reward functions \(exact_match, format\)"):
+        Task("t", "d", ("exact_match", "format"), (1.0,), arithmetic_rows)
 
 
 # ------------------------------------------------------------------------------ custom datasets

@@ -115,8 +115,7 @@ def test_cached_model_reloads_with_auto_classes(tiny_dir):
 
 def test_parameter_count_is_about_a_million(tiny_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    count = sum(p.numel() for p in model.parameters())
-    assert 500_000 < count < 2_000_000  # observed: 816,768
+    assert sum(p.numel() for p in model.parameters()) == 816_768  # the fixed architecture (DESIGN: ~1M)
 
 
 def test_resolve_and_load_use_the_cache(tiny_home, tiny_dir, monkeypatch):
@@ -165,4 +164,4 @@ def test_sampling_at_temperature_one_is_partly_right(tiny_dir):
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     scores = exact_match(prompts, completions, completion_ids.tolist(), answer=[row["answer"] for row in rows])
     accuracy = sum(scores) / len(scores)
-    assert 0.0 < accuracy < 0.9, (accuracy, list(zip(prompts, completions))[:10])
+    assert 0.1 < accuracy < 0.4, (accuracy, list(zip(prompts, completions))[:10])  # observed 0.219

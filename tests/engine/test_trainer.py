@@ -3,13 +3,15 @@ reference model, clipping with mu > 1, global-batch gradient accumulation, failu
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
 
+from workbench.core import compute_advantages
 from workbench.engine.events import read_events
-from workbench.engine.trainer import Trainer, train
-from workbench.recipe import load_recipe, preset_names
+from workbench.engine.trainer import Trainer, reward_setup, train
+from workbench.recipe import Recipe, load_recipe, preset_names
 
 DESIGN_METRICS = {
     "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/low_mean",
@@ -106,7 +108,7 @@ def test_events_carry_samples_and_token_diagnostics(preset_runs):
     assert [e["status"] for e in events if e["kind"] == "status"] == ["starting", "running", "finished"]
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm"])
 def test_gradient_accumulation_equals_full_batch(wb_home, few_problems, tmp_path, aggregation):
     """1 x B and 4 x B/4 micro-batches give the same gradient (TRL #3021 / verl #5625)."""
     grads = []
@@ -122,9 +124,64 @@ def test_gradient_accumulation_equals_full_batch(wb_home, few_problems, tmp_path
         batch, _ = t.prepare_batch(out, rewards)
         last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.zeros_like(batch.completion_mask, dtype=torch.long),
                 "zero_grad": torch.zeros_like(batch.completion_mask, dtype=torch.bool)}
-        list(t.accumulate_gradients(batch, torch.arange(out.completion_mask.shape[0]), False, last))
+        list(t.accumulate_gradients(batch, torch.arange(out.completion_mask.shape[0]), last))
         grads.append(torch.cat([p.grad.flatten() for p in t.policy.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+
+
+def test_kl_uses_the_trainers_log_probs_not_the_rollout_engines(wb_home, few_problems, tmp_path):
+    """Single pass (mu = 1) with the KL in the reward (rloo). A rollout engine's log-probs are
+    not the trainer's (vLLM renormalises them under top_p < 1, or samples in bf16): here they are
+    shifted by +0.1 per token. At step 0 the policy is the reference, so the KL the advantages
+    are shaped with (k1 = logp - ref_logp) is 0; from the rollout log-probs it would be 0.1."""
+    recipe = load_recipe("rloo", [f"dataset={few_problems}"])
+    assert recipe.train.single_pass and recipe.algorithm.kl_placement == "in_reward"
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    _, out = t.rollout(0)
+    out.rollout_logp = out.rollout_logp + 0.1 * out.completion_mask
+    rewards = torch.linspace(0.0, 1.0, out.completion_mask.shape[0])
+    batch, (_, g_mask, g_kl, g_adv) = t.prepare_batch(out, rewards)
+    torch.testing.assert_close(g_kl, torch.zeros_like(g_kl), atol=1e-6, rtol=0)
+    torch.testing.assert_close(batch.old_logp, batch.ref_logp, atol=1e-6, rtol=0)
+    unshaped = compute_advantages("rloo", rewards, g_mask, replace(recipe.advantage_config(), kl_coef=0.0)).advantages
+    torch.testing.assert_close(g_adv, unshaped, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("aggregation,policy_loss,value_loss", [
+    # two loss tokens of A = 1 at ratio 1: policy -(1 + 1) / 2; value 0.5 (V - R)^2 = 0.5 per token
+    ("token-mean", -1.0, 0.5),
+    # Dr. GRPO divides by B * L_max with B = 2 sequences (the truncated one counts): -2 / (2 * 6)
+    ("seq-mean-token-sum-norm", -2 / 12, 1 / 12),
+])
+def test_truncation_masked_completion_counts_as_a_sequence_but_has_no_loss(wb_home, few_problems, tmp_path, aggregation, policy_loss, value_loss):
+    """PPO with DAPO's overlong filtering on a hand batch of two completions: row 0 ends after 2
+    tokens, row 1 was cut at L_max = 6 (its loss is masked). Returns R = 1 on every token, the
+    zero-initialised critic gives V = V_old = 0."""
+    recipe = load_recipe("ppo", [f"dataset={few_problems}", "algorithm.mask_truncated=true", f"algorithm.aggregation={aggregation}",
+                                 "train.mu=1", "train.minibatches=1"])
+    assert recipe.sampling.max_completion_length == 6
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    _, out = t.rollout(0)
+    batch, _ = t.prepare_batch(out, torch.zeros(out.completion_mask.shape[0]))
+    completion = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [1.0] * 6])
+    loss_mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0] * 6])
+    two = replace(batch.rows(torch.arange(2)), completion_mask=completion, loss_mask=loss_mask, advantages=completion.clone(),
+                  returns=completion.clone(), old_values=torch.zeros(2, 6))
+    last = {"ratio": torch.ones(2, 6), "region": torch.zeros(2, 6, dtype=torch.long), "zero_grad": torch.zeros(2, 6, dtype=torch.bool)}
+    [(metrics, _)] = list(t.accumulate_gradients(two, torch.arange(2), last))
+    assert metrics["loss/policy"].item() == pytest.approx(policy_loss, abs=1e-6)
+    assert metrics["loss/value"].item() == pytest.approx(value_loss, abs=1e-6)
+
+
+def test_reward_weights_must_match_the_resolved_functions():
+    # the task's defaults (exact_match, format) when reward_funcs is empty
+    assert reward_setup(Recipe())[1] == [1.0, 0.2]
+    for text in ("reward_funcs: [exact_match, format]\nreward_weights: [1.0]", "reward_weights: [1.0]"):
+        with pytest.raises(ValueError, match=r"reward_weights has 1 values for 2 reward functions \(exact_match, format\)"):
+            reward_setup(Recipe.from_yaml(text))
+    assert reward_setup(Recipe.from_yaml("reward_funcs: [exact_match, format]\nreward_weights: [1, 0.5]"))[1] == [1.0, 0.5]
 
 
 def _fault_recipe(few_problems, ref):

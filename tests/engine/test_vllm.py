@@ -7,7 +7,9 @@ What is proven:
   seeds) and building it leaves the trainer's threads and RNG untouched;
 - weights are synced every step: after optimiser steps that move the policy far (its old
   weights would be off by > 100x the bound), vLLM's log-probs still equal the policy's;
-- a GRPO run with ``train.rollout=vllm`` learns by the same criterion as the ``hf`` presets.
+- a GRPO run with ``train.rollout=vllm`` learns by the same criterion as the ``hf`` presets;
+- under data parallelism (two ranks) the backend refuses with a clear NotImplementedError before
+  vLLM is even imported, and the run ends ``failed`` with that reason.
 """
 
 import importlib.metadata
@@ -15,7 +17,9 @@ import importlib.metadata
 import pytest
 import torch
 
+from tests.engine.test_process import launch_two_processes
 from tests.engine.test_trainer import learns, metrics_of
+from workbench.engine.events import read_events
 from workbench.engine.forward import logprobs_and_entropy
 from workbench.engine.rollout import ROLLOUT_BACKENDS, hf_generate
 from workbench.engine.tiny import load_model_and_tokenizer, resolve_model_path
@@ -152,3 +156,19 @@ def test_grpo_with_vllm_rollouts_learns(tiny_path, few_problems, tmp_path):
     ok, gain, se = learns([m["reward"] for m in ms])
     assert ok, f"reward gain {gain:.3f} (standard error {se:.3f})"
     assert max(m["sampling/logprob_diff/max"] for m in ms) < FP32_LOGPROB_BOUND
+
+
+def test_vllm_under_data_parallel_fails_with_a_clear_error(wb_home, few_problems, tmp_path):
+    """vLLM would join the trainer's process group as if it were tensor parallel: two ranks under
+    accelerate launch get the backend's NotImplementedError (raised before vllm is imported)."""
+    run_dir = tmp_path / "r"
+    res = launch_two_processes(wb_home, 29541, "grpo", "--set", "train.rollout=vllm", "--set", "train.steps=2",
+                               "--set", f"dataset={few_problems}", "--run-dir", str(run_dir))
+    assert res.returncode != 0
+    events = read_events(run_dir)
+    [error] = [e for e in events if e["kind"] == "error"]
+    assert error["exception"] == "NotImplementedError"
+    assert "train.rollout='vllm' supports single-process runs; this run has 2 processes" in error["error"]
+    assert "use train.rollout='hf' or one process" in error["error"]
+    assert not [e for e in events if e["kind"] == "metrics"]
+    assert events[-1]["kind"] == "status" and events[-1]["status"] == "failed"

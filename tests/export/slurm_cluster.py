@@ -16,7 +16,8 @@ unchanged against them. What they emulate, from the SLURM man pages:
   machine's hostname (all "nodes" are this machine).
 - squeue -h -j ID -o %T: PENDING / RUNNING while the job is active, nothing once it ended,
   "Invalid job id specified" (exit 1) for an unknown id.
-- sacct -n -X -P -j ID -o State: COMPLETED / FAILED / CANCELLED by UID.
+- sacct -n -X -P -j ID -o State[,ExitCode]: COMPLETED / FAILED / CANCELLED by UID, and the batch
+  batch shell's ExitCode as CODE:SIGNAL ('1:0' for exit status 1, '0:9' when SIGKILL ended it).
 - scancel --signal=TERM ID: TERM to every process of the job's steps (not the batch shell);
   scancel ID: KILL to the batch shell and the steps, state CANCELLED.
 
@@ -137,9 +138,13 @@ if state in ACTIVE:
 
 _SACCT = _COMMON + r'''
 job = sys.argv[sys.argv.index("-j") + 1]
+fields = sys.argv[sys.argv.index("-o") + 1].split(",")
 state = read(job, "state")
 if state:
-    print("CANCELLED by %d" % os.getuid() if state == "CANCELLED" else state)
+    rc = int(read(job, "rc", "0"))  # the batch shell's returncode (negative: killed by that signal)
+    values = {"State": "CANCELLED by %d" % os.getuid() if state == "CANCELLED" else state,
+              "ExitCode": f"{rc}:0" if rc >= 0 else f"0:{-rc}"}
+    print("|".join(values[f] for f in fields))
 '''
 
 _SCANCEL = _COMMON + r'''

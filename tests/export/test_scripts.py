@@ -1,13 +1,15 @@
 """The export layer's text: recipe YAML round trip, bash / sbatch scripts that `bash -n` accepts,
 hostile names that neither break nor inject, option errors, and the `export` command."""
 
-import argparse
+import ast
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from workbench.export.cli import add_export_parser, resolve_recipe
+from workbench.cli import main
+from workbench.export.cli import resolve_recipe
 from workbench.export.commands import ShellVar, shell_join, train_command
 from workbench.export.scripts import (
     EXPORTERS,
@@ -22,6 +24,7 @@ from workbench.export.scripts import (
 )
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
 
+ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "evil'\"$(touch PWNED1)`touch PWNED2`; touch PWNED3 #\nWORKBENCH_RECIPE\nname: x\\"
 
 
@@ -194,12 +197,19 @@ def test_exporters_registry():
 
 
 def run_export(argv, capsys):
-    parser = argparse.ArgumentParser(prog="python -m workbench")
-    add_export_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["export", *argv])
-    code = args.func(args)
+    """``python -m workbench export ...`` through the real CLI (its wiring hands in the run store and settings)."""
+    code = main(["export", *argv])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def test_export_layer_does_not_import_the_run_layer():
+    """export sits below runs (DESIGN: imports point downward), not even lazily inside a function."""
+    for path in (ROOT / "workbench" / "export").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.startswith("workbench.runs")], (path.name, names)
 
 
 def test_export_command_preset_file_and_out(tmp_path, capsys, fresh_home):
@@ -211,19 +221,44 @@ def test_export_command_preset_file_and_out(tmp_path, capsys, fresh_home):
     assert code == 0 and out2 == ""
     script = tmp_path / "run.sh"
     assert script.stat().st_mode & 0o111
-    assert script.read_text() == bash_script(load_recipe("grpo", ["train.steps=7"]))
+    lines = script.read_text().splitlines()
+    assert "RUN_NAME=grpo" in lines and "PYTHON=python" in lines
+    assert lines[-1] == ('exec "${PYTHON}" -m accelerate.commands.launch --cpu --num_processes 1 --num_machines 1 '
+                         '--mixed_precision no --dynamo_backend no -m workbench train "${RECIPE}" --run-dir "${RUN_DIR}"')
+    start = lines.index("cat > \"$RECIPE\" <<'WORKBENCH_RECIPE'")
+    inlined = Recipe.from_yaml("\n".join(lines[start + 1:lines.index("WORKBENCH_RECIPE", start)]))
+    assert inlined.train.steps == 7 and inlined.name == "grpo"
+
+
+def _srun_task(text: str) -> str:
+    """The command each srun task runs (the single-quoted ``bash -c`` argument)."""
+    lines = text.splitlines()
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    return shlex.split(lines[srun + 1].strip())[2]
 
 
 def test_export_command_sbatch_uses_settings_defaults(capsys, fresh_home):
     from workbench.runs import Settings, SlurmDefaults, save_settings
 
-    save_settings(Settings(slurm=SlurmDefaults(partition="a100", account="lab", nodes=2, gpus_per_node=8, time="04:00:00")))
-    code, out, _ = run_export(["grpo", "--to", "sbatch", "--nodes", "3"], capsys)
+    # no settings file: SlurmOptions' defaults, and no live partition / account line
+    code, out, _ = run_export(["grpo", "--to", "sbatch"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and "#SBATCH --nodes=1" in lines and "#SBATCH --time=01:00:00" in lines
+    assert not [line for line in lines if line.startswith(("#SBATCH --partition", "#SBATCH --account"))]
+    assert "##SBATCH --partition=PARTITION" in lines and "##SBATCH --account=ACCOUNT" in lines
+
+    save_settings(Settings(slurm=SlurmDefaults(partition="a100", account="lab", nodes=2, gpus_per_node=4, time="02:00:00")))
+    code, out, _ = run_export(["grpo", "--to", "sbatch", "--nodes", "3"], capsys)  # the command line wins
+    lines = out.splitlines()
     assert code == 0
-    assert out == sbatch_script(load_recipe("grpo"), SlurmOptions(nodes=3, gpus_per_node=8, time="04:00:00",
-                                                                  partition="a100", account="lab"))
+    for line in ("#SBATCH --nodes=3", "#SBATCH --gpus-per-node=4", "#SBATCH --time=02:00:00",
+                 "#SBATCH --partition=a100", "#SBATCH --account=lab"):
+        assert line in lines
+    assert " --num_processes 12 --num_machines 3 " in _srun_task(out)  # 3 nodes x 4 GPUs
+    code, out, _ = run_export(["grpo", "--to", "sbatch", "--gpus-per-node", "1"], capsys)
+    assert code == 0 and " --num_processes 2 --num_machines 2 " in _srun_task(out)  # 2 nodes x 1 GPU
     code, out, err = run_export(["grpo", "--to", "sbatch", "--vllm-node"], capsys)
-    assert code == 0 and "#SBATCH --nodes=3" in out.splitlines()
+    assert code == 0 and "#SBATCH --nodes=3" in out.splitlines()  # 2 training + 1 vLLM node
     assert "does not use that server" in err
 
 
@@ -237,6 +272,13 @@ def test_export_command_errors(capsys, fresh_home):
     assert code == 2 and "algorithm.advantage='ppo'" in err
     with pytest.raises(RecipeError):
         resolve_recipe("../../etc/passwd")
+    # without a run resolver (the export layer on its own) run ids are not offered
+    with pytest.raises(RecipeError, match=r"an existing \.yaml/\.yml file$"):
+        resolve_recipe("grpo-20250101-000000-abcd")
+    # an unreadable settings file is a bad input (exit 2), not a traceback
+    (fresh_home / "settings.yaml").write_text("slurm:\n  time: soon\n")
+    code, _, err = run_export(["grpo", "--to", "sbatch"], capsys)
+    assert code == 2 and "time='soon' is not allowed" in err
 
 
 def test_export_command_run_id(capsys, fresh_home):

@@ -14,26 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import live_processes
 from workbench.engine.events import read_events
 from workbench.recipe import load_recipe
-from workbench.runs import LaunchError, RunStore, Settings, cancel, launch, save_settings, sync, wait
+from workbench.runs import TERMINAL_STATUSES, LaunchError, RunStore, Settings, cancel, launch, save_settings, sync, wait
 
 QUICK = ["train.steps=4", "logging.samples_per_step=2", "logging.diagnostics_sequences=4"]
 
 
 def _group_pids(pgid: int) -> list[tuple[int, str]]:
     """(pid, cmdline) of live processes in a process group."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[2]) == pgid and stat[0] != "Z":
-                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
-        except (OSError, IndexError):
-            continue
-    return found
+    return [(pid, p["cmdline"]) for pid, p in live_processes().items() if p["pgid"] == pgid]
 
 
 def _wait_for(predicate, store, timeout=120.0):
@@ -84,23 +75,33 @@ def test_kill_9_mid_run_fails_and_keeps_every_step(fresh_home):
 
 
 def test_collector_restart_mid_run_gives_no_gap_and_no_duplicate(fresh_home):
-    """Two collector processes (`python -m workbench collect`) started and killed mid-run, overlapping."""
+    """Two collector processes (`python -m workbench collect`) started and killed mid-run,
+    overlapping; a third (`collect --once`) after the run ended picks up exactly the rest.
+    This process never syncs, so every row in the store came from those collectors."""
+    steps = 40
     store = RunStore()
-    run_id = launch(load_recipe("grpo", ["train.steps=60"]), store=store)
-    env = dict(os.environ)
+    run_id = launch(load_recipe("grpo", [f"train.steps={steps}"]), store=store)
+    run_dir = Path(store.get_run(run_id)["run_dir"])
     collect = [sys.executable, "-m", "workbench", "collect", "--interval", "0.1"]
-    first = subprocess.Popen(collect, env=env)
-    deadline = time.monotonic() + 120
+    first = subprocess.Popen(collect)
+    deadline = time.monotonic() + 180
     while store.get_run(run_id)["last_step"] < 5 and time.monotonic() < deadline:
         time.sleep(0.1)
-    second = subprocess.Popen(collect, env=env)  # both collect at once for a while
+    assert store.get_run(run_id)["last_step"] >= 5  # the first collector ingested
+    second = subprocess.Popen(collect)  # both collect at once for a while
     time.sleep(1.0)
     first.kill()
     time.sleep(0.5)
     second.kill()
-    assert wait(run_id, store=store, timeout_s=180) == "finished"
-    frame = store.metrics([run_id])
-    assert frame.step.tolist() == list(range(60)) == _steps_in_events(store.get_run(run_id)["run_dir"])
+    first.wait()
+    second.wait()
+    while not any(e["kind"] == "status" and e["status"] in TERMINAL_STATUSES for e in read_events(run_dir)):
+        assert time.monotonic() < deadline + 180, "the run did not end"
+        time.sleep(0.2)
+    once = subprocess.run([*collect[:4], "--once"], capture_output=True, text=True, timeout=120)
+    assert once.returncode == 0, once.stderr
+    assert store.get_run(run_id)["status"] == "finished"
+    assert store.metrics([run_id]).step.tolist() == list(range(steps)) == _steps_in_events(run_dir)
 
 
 def test_cancel_sends_sigterm_and_the_run_records_cancelled(fresh_home):
@@ -113,6 +114,46 @@ def test_cancel_sends_sigterm_and_the_run_records_cancelled(fresh_home):
     statuses = [e["status"] for e in read_events(Path(run["run_dir"])) if e["kind"] == "status"]
     assert statuses[-1] == "cancelled"  # the trainer itself wrote it (SIGTERM, not SIGKILL)
     assert not _group_pids(run["handle"]["pgid"])
+    # the wrapper outlived the SIGTERM and recorded how the trainer ended
+    assert (Path(run["run_dir"]) / "exit_code").read_text().strip().isdigit()
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """{pid: start time} of every live descendant of ``root`` (any session)."""
+    table = live_processes()
+    found, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, proc in table.items():
+            if proc["ppid"] == parent and pid not in found:
+                found[pid] = proc["start"]
+                todo.append(pid)
+    return found
+
+
+def _still_running(procs: dict[int, str]) -> list[int]:
+    """The pids of ``procs`` still alive as the same processes (start time guards pid reuse)."""
+    table = live_processes()
+    return [pid for pid, start in procs.items() if pid in table and table[pid]["start"] == start]
+
+
+def test_cancel_kills_two_process_workers_in_their_own_sessions(fresh_home):
+    """torch elastic starts the ranks with start_new_session=True: outside the run's process group.
+    With no grace the cancel escalates at once, and must still reach both ranks."""
+    store = RunStore()
+    run_id = launch(load_recipe("grpo", ["train.steps=1000"]), num_processes=2, store=store)
+    _wait_for(lambda: store.get_run(run_id)["last_step"] >= 0, store, timeout=300)
+    run = store.get_run(run_id)
+    procs = _descendants(run["handle"]["pid"])
+    pgid = run["handle"]["pgid"]
+    ranks = [pid for pid in procs if os.getsid(pid) != pgid]
+    assert len(ranks) == 2, procs  # the two ranks, each its own session
+    cancel(run_id, store=store, grace_s=0.0)
+    left = _still_running(procs)
+    for pid in left:  # never leave a 1000-step run behind a failed test
+        os.kill(pid, signal.SIGKILL)
+    assert left == [] and not _group_pids(pgid)
+    assert store.get_run(run_id)["status"] == "cancelled"
 
 
 def test_queue_waits_for_a_free_cpu_slot(fresh_home):
@@ -140,6 +181,30 @@ def test_cancel_a_queued_run_never_starts_it(fresh_home):
 def _cli(*args, home):
     env = dict(os.environ, WORKBENCH_HOME=str(home))
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_launched_runs_outlive_the_command_and_cancel_from_the_cli(fresh_home):
+    short = _cli("launch", "grpo", "--set", "train.steps=2", home=fresh_home)  # no --wait: returns at once
+    long = _cli("launch", "ppo", "--set", "train.steps=1000", home=fresh_home)
+    assert short.returncode == 0 and long.returncode == 0, short.stderr + long.stderr
+    short_id, long_id = short.stdout.strip(), long.stdout.strip()
+    store = RunStore()
+    _wait_for(lambda: store.get_run(long_id)["last_step"] >= 0, store, timeout=300)
+    cancelled = _cli("runs", "cancel", long_id, home=fresh_home)
+    assert (cancelled.returncode, cancelled.stdout.strip()) == (0, "cancelled"), cancelled.stderr
+    assert wait(short_id, store=store, timeout_s=300) == "finished"  # its launching command is long gone
+    listed = {s: _cli("runs", "list", "--status", s, home=fresh_home).stdout for s in ("cancelled", "finished", "running")}
+    assert long_id in listed["cancelled"] and short_id not in listed["cancelled"]
+    assert short_id in listed["finished"] and long_id not in listed["finished"]
+    assert listed["running"].strip() == "no runs"
+
+
+def test_cli_reports_broken_settings_without_a_traceback(fresh_home):
+    (fresh_home / "settings.yaml").write_text("cpu_slots: -1\n")
+    for args in (["runs", "list"], ["collect", "--once"], ["launch", "grpo"]):
+        out = _cli(*args, home=fresh_home)
+        assert out.returncode == 2 and out.stderr.startswith("error: ") and "cpu_slots" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
 
 
 def test_cli_launch_wait_list_show_and_delete(fresh_home):
@@ -171,6 +236,7 @@ def test_cli_launch_wait_list_show_and_delete(fresh_home):
     (["launch", "grpo", "--target", "ssh://nosuchhost"], "nosuchhost"),
     (["launch", "grpo", "--target", "ftp://x"], "target='ftp://x' is not allowed"),
     (["runs", "show", "../x"], "run id='../x' does not exist"),
+    (["runs", "list", "--status", "weird"], "status='weird' is not allowed"),
 ])
 def test_hostile_or_invalid_input_is_refused_and_changes_nothing(fresh_home, args, message):
     out = _cli(*args, home=fresh_home)

@@ -7,16 +7,17 @@ trainer it starts are the real ones: `sbatch --parsable` really runs the script 
 whose srun step really runs `accelerate launch -m workbench train` on the CPU.
 """
 
+import os
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from tests.export.slurm_cluster import cluster_env, srun_calls
 from workbench.engine.events import read_events
-from workbench.export.scripts import SlurmOptions, sbatch_script
 from workbench.recipe import load_recipe
 from workbench.runs import LaunchError, RunStore, Settings, SlurmDefaults, launch, wait
 from workbench.runs.launchers import LAUNCHERS
@@ -75,13 +76,43 @@ def job_processes(run_dir: str) -> list[str]:
     return found
 
 
-def test_registered_and_reads_plain_settings_objects():
+def slurm_settings(**fields) -> Settings:
+    return Settings(slurm=SlurmDefaults(**fields))
+
+
+def srun_task(script: str) -> str:
+    """The command each srun task of an sbatch script runs (the single-quoted ``bash -c`` argument)."""
+    lines = script.splitlines()
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    return shlex.split(lines[srun + 1].strip())[2]
+
+
+def test_script_follows_the_settings_layout():
     assert LAUNCHERS.get("slurm") is SlurmLauncher
-    plain = SimpleNamespace(partition="", account="", nodes=2, gpus_per_node=4, time="02:00:00")
+    settings = slurm_settings(partition="a100", account="lab", nodes=2, gpus_per_node=4, time="02:00:00")
     run = {"id": "r-1", "run_dir": "/shared/runs/r-1", "recipe": load_recipe("grpo").to_yaml()}
-    assert SlurmLauncher("slurm", plain).script(run) == sbatch_script(
-        load_recipe("grpo"), SlurmOptions(nodes=2, gpus_per_node=4, time="02:00:00", python=sys.executable,
-                                          run_dir="/shared/runs/r-1", job_name="r-1"))
+    text = SlurmLauncher("slurm", settings).script(run)
+    lines = text.splitlines()
+    for line in ("#SBATCH --job-name=r-1", "#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --time=02:00:00",
+                 "#SBATCH --partition=a100", "#SBATCH --account=lab", "#SBATCH --output=/shared/runs/r-1/stdout.log",
+                 f"PYTHON={sys.executable}", "RUN_DIR=/shared/runs/r-1"):
+        assert line in lines
+    assert " --num_processes 8 --num_machines 2 " in srun_task(text)  # 2 nodes x 4 GPUs
+    # no partition / account in the settings: no live #SBATCH line for them (the cluster's defaults)
+    text = SlurmLauncher("slurm", slurm_settings(nodes=1, gpus_per_node=2)).script(run)
+    assert not [line for line in text.splitlines() if line.startswith(("#SBATCH --partition", "#SBATCH --account"))]
+    assert " --num_processes 2 --num_machines 1 " in srun_task(text)
+
+
+def test_process_count_must_match_the_settings_layout():
+    """The slurm target takes its processes from nodes x gpus_per_node; another count is refused, not ignored."""
+    launcher = SlurmLauncher("slurm", slurm_settings(nodes=2, gpus_per_node=4))
+    run = {"id": "r-2", "run_dir": "/shared/runs/r-2", "recipe": load_recipe("grpo").to_yaml()}
+    with pytest.raises(LaunchError, match=r"^run r-2: num_processes=3 does not match the SLURM layout of the settings "
+                                          r"\(slurm.nodes=2 x slurm.gpus_per_node=4 = 8 process\(es\)\)"):
+        launcher.script({**run, "launch": {"num_processes": 3}})
+    for fits in (1, 8):  # 1 is the launch default (no count chosen); 8 is the layout itself
+        assert " --num_processes 8 " in srun_task(launcher.script({**run, "launch": {"num_processes": fits}}))
 
 
 def test_job_runs_and_events_arrive(cluster, fresh_home):
@@ -169,7 +200,8 @@ def test_refused_submission_and_bad_settings(tmp_path, monkeypatch, fresh_home):
     run = make_run(fresh_home, "grpo-20250101-000000-eeee", QUICK)
     with pytest.raises(LaunchError, match=r"sbatch refused the job \(exit 1\): sbatch: error: invalid partition specified: debug"):
         SlurmLauncher("slurm", SETTINGS).start(run)
-    bad = SimpleNamespace(partition="gpu; reboot", account="", nodes=1, gpus_per_node=1, time="01:00:00")
+    # model_construct skips the settings' own validation: the sbatch options still refuse the value
+    bad = Settings(slurm=SlurmDefaults.model_construct(partition="gpu; reboot"))
     with pytest.raises(LaunchError, match=r"cannot write the sbatch script: partition='gpu; reboot' is not allowed"):
         SlurmLauncher("slurm", bad).start(make_run(fresh_home, "grpo-20250101-000000-ffff", QUICK))
 
@@ -182,3 +214,52 @@ def test_unreachable_controller_is_unknown_not_dead(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     run = {"id": "x", "run_dir": str(tmp_path), "handle": {"job_id": "12"}, "events_offset": 0}
     assert SlurmLauncher("slurm", SETTINGS).alive(run) is None
+
+
+def test_submission_that_hangs_names_the_job_to_look_for(tmp_path, monkeypatch, fresh_home):
+    """sbatch may queue the job and then hang; the run is dropped locally, so the error says how to find it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexec sleep 60\n")  # a controller that never answers
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    run = make_run(fresh_home, "grpo-20250101-000000-gggg", QUICK)
+    launcher = SlurmLauncher("slurm", SETTINGS)
+    launcher.command_timeout = 0.5
+    with pytest.raises(LaunchError) as err:
+        launcher.start(run)
+    assert str(err.value) == (
+        f"run grpo-20250101-000000-gggg: `sbatch --parsable {run['run_dir']}/job.sbatch` did not answer within 0.5 s; "
+        "the job may have been submitted anyway (job name grpo-20250101-000000-gggg): check with "
+        "`squeue --name=grpo-20250101-000000-gggg` and cancel it with `scancel --name=grpo-20250101-000000-gggg`")
+
+
+def trainer_pid(run_dir: str) -> int | None:
+    """pid of the training process itself (`python -m workbench train`, not accelerate's launcher)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if run_dir.encode() in argv and b"workbench" in argv and b"accelerate.commands.launch" not in argv:
+                return int(entry.name)
+    return None
+
+
+def test_killed_trainer_reports_the_jobs_exit_code_and_last_log_line(cluster, fresh_home):
+    """No final event (SIGKILL): the status comes from sacct's ExitCode and stdout.log, as for local runs."""
+    launcher = SlurmLauncher("slurm", SETTINGS)
+    run = make_run(fresh_home, "grpo-20250101-000000-hhhh", ["train.steps=10000", "logging.diagnostics_every=0"])
+    run["handle"] = launcher.start(run)
+    follow(launcher, run, lambda ev: len(metric_steps(ev)) >= 1)
+    os.kill(trainer_pid(run["run_dir"]), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while launcher.alive(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launcher.state(run) == "FAILED"
+    status, error = launcher.exit_status(run)
+    # accelerate's launcher reports its worker's death and exits 1; the batch script passes that on
+    assert status == "failed"
+    assert error.startswith("SLURM job 4001 exited with code 1: subprocess.CalledProcessError: Command ")
+    assert error.endswith("died with <Signals.SIGKILL: 9>.")

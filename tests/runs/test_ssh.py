@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -225,14 +226,17 @@ def _read_until(launcher, run, n, timeout=30.0):
 @pytest.mark.parametrize("field,value,expected", [
     ("hostname", "-oProxyCommand=touch /tmp/pwned", "hostname='-oProxyCommand=touch /tmp/pwned' is not allowed"),
     ("hostname", "gpu1;id", "hostname='gpu1;id' is not allowed"),
-    ("hostname", "gpu1 $(id)", "is not allowed; a DNS name or IP address"),
-    ("user", "root$(id)", "user='root$(id)' is not allowed; a POSIX user name"),
+    ("hostname", "gpu1 $(id)", "hostname='gpu1 $(id)' is not allowed; use letters, digits"),
+    ("user", "root$(id)", "user='root$(id)' is not allowed; use a POSIX user name"),
     ("user", "-l", "user='-l' is not allowed"),
-    ("port", 0, "port=0 is not allowed; an integer 1-65535"),
-    ("workdir", "/tmp/a\nrm -rf ~", "workdir='/tmp/a\\nrm -rf ~' is not allowed; a non-empty single line"),
+    ("port", 0, "port=0: Input should be greater than or equal to 1"),
+    ("workdir", "/tmp/a\nrm -rf ~", "workdir='/tmp/a\\nrm -rf ~' is not allowed; a non-empty single-line path"),
     ("workdir", "~bob/wb", "workdir='~bob/wb' is not allowed; '~' is only expanded as a leading '~/'"),
     ("python", "", "python='' is not allowed"),
     ("known_hosts", "/tmp/a b", "known_hosts='/tmp/a b' is not allowed; a path without whitespace"),
+    ("identity_file", "/k\n-oProxyCommand=x", "identity_file='/k\\n-oProxyCommand=x' is not allowed"),
+    ("setup", "true\0", "setup='true\\x00' is not allowed; shell text without NUL bytes"),
+    ("strict_host_key_checking", None, "strict_host_key_checking=None: Input should be a valid boolean"),
 ])
 def test_hostile_host_settings_are_rejected_by_field(field, value, expected):
     # model_construct skips the settings' own validation: the launcher must not rely on it
@@ -241,6 +245,19 @@ def test_hostile_host_settings_are_rejected_by_field(field, value, expected):
     with pytest.raises(LaunchError) as err:
         launcher_for("ssh://evil", settings)
     assert str(err.value).startswith("ssh host 'evil': ") and expected in str(err.value)
+
+
+def test_host_key_checking_is_strict_unless_turned_off():
+    """A host entry that does not mention strict_host_key_checking (a plain dict too) is strict."""
+    def checking(entry):
+        host = ssh.host_config("ssh://h", SimpleNamespace(ssh_hosts={"h": entry}))
+        return next(a for a in ssh.ssh_argv(host, "true") if a.startswith("StrictHostKeyChecking="))
+
+    assert checking({"hostname": "gpu1"}) == "StrictHostKeyChecking=yes"
+    assert checking(SSHHost(hostname="gpu1")) == "StrictHostKeyChecking=yes"
+    assert checking({"hostname": "gpu1", "strict_host_key_checking": False}) == "StrictHostKeyChecking=accept-new"
+    # the collector checks an ssh run's liveness at most every 5 s (each check is an ssh connection)
+    assert ssh.SSHLauncher.alive_every_s == 5
 
 
 @pytest.mark.parametrize("target,expected", [
@@ -279,6 +296,20 @@ def test_metacharacters_in_workdir_are_quoted_not_run(remote, tmp_path):
     # the same run id cannot be started twice over an existing remote directory
     with pytest.raises(LaunchError, match="remote command failed"):
         launcher.start(run)
+
+
+def test_start_without_an_answer_says_where_the_run_may_be(remote):
+    """ssh gives up while starting (the run may be going on there): the error names the run and its remote dir."""
+    settings, workdir = remote
+    launcher = launcher_for("ssh://testhost", settings)
+    launcher.command_timeout = 0.001  # far shorter than any ssh handshake: no answer arrives
+    with pytest.raises(LaunchError) as err:
+        launcher.start({"id": "late-1", "recipe": "name: grpo\n", "launch": {}, "run_dir": None})
+    remote_dir = workdir / "runs" / "late-1"
+    assert str(err.value) == (
+        f"ssh host 'testhost' ({launcher.host.address}): no answer within 0.001 s while starting run late-1; "
+        f"run late-1 may have started anyway in {remote_dir} on ssh host 'testhost'; "
+        f"end it there with `kill -TERM -$(cat {remote_dir}/pgid)`")
 
 
 def _wait_for_file(path: Path, timeout: float = 30.0) -> None:

@@ -69,8 +69,8 @@ def test_status_only_moves_forward(tmp_path):
     assert (run["status"], run["error"], run["ended_at"]) == ("failed", "ValueError: boom", 5.0)
     _make(store, run_id="r2")
     store.set_status("r2", "lost", error="gone")
-    store.ingest("r2", [status("finished")])  # late events overturn 'lost'
-    assert store.get_run("r2")["status"] == "finished"
+    store.ingest("r2", [status("finished")])  # every terminal status is final, 'lost' too
+    assert store.get_run("r2")["status"] == "lost"
     with pytest.raises(RunError, match="status='weird' is not allowed"):
         store.set_status("r2", "weird")
 
@@ -79,7 +79,7 @@ def test_diagnostics_and_lens_rows(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     _make(store)
     diag = {"kind": "diagnostics", "step": 2, "time": 1.0, "ratio": [[1.0, 1.2]], "region": [[0, 1]], "region_names": ["trust"]}
-    lens = {"kind": "diagnostics", "step": 2, "time": 1.0, "lens": {"cosine": {"grpo": 1.0}}}
+    lens = {"kind": "lens", "step": 2, "time": 1.0, "cosine": {"grpo": 1.0}}  # what the engine writes
     assert store.ingest("r1", [diag, lens]) == 2
     assert store.diagnostic_steps("r1") == [2]
     assert store.diagnostics("r1", 2)["ratio"] == [[1.0, 1.2]]
@@ -134,3 +134,88 @@ def test_concurrent_writer_processes(tmp_path):
     frame = store.metrics(ids)
     assert len(frame) == 8 * 40 and not frame.duplicated(["run_id", "step"]).any()
     assert json.loads(json.dumps(store.get_run("run3")["last_step"])) == 39
+
+
+def test_malformed_events_are_skipped_counted_and_the_stream_goes_on(tmp_path):
+    """Bad lines between good ones (a JSON value that is not an object, step None, payloads of the
+    wrong type) are skipped and counted; the good ones land and the offset moves past all of them."""
+    from workbench.runs.launchers import read_file_events
+
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    lines = [_metrics(0, 0.25), [1, 2], "text", 7, None, {"kind": "metrics", "step": None, "metrics": {"reward": 1.0}},
+             {"kind": "metrics", "step": 1, "time": "noon", "metrics": {}}, {"kind": "metrics", "step": 1, "metrics": [1]},
+             {"kind": "samples", "step": 1, "samples": "abc"}, {"kind": "metrics", "step": True, "metrics": {}},
+             _metrics(1, 0.5), {"kind": "status", "step": 1, "time": 9.0, "status": "finished"}]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    chunk = read_file_events(path, 0)
+    assert chunk.offset == path.stat().st_size and len(chunk.events) == 12
+    assert store.ingest("r1", chunk.events, offset=(0, chunk.offset)) == 3  # two metrics rows + the status change
+    run = store.get_run("r1")
+    assert (run["events_offset"], run["skipped_events"], run["status"], run["last_step"], run["reward"]) == (
+        chunk.offset, 9, "finished", 1, 0.5)
+    assert store.metrics(["r1"]).step.tolist() == [0, 1]
+
+
+def test_reward_that_is_not_a_number_is_kept_in_metrics_but_not_as_the_runs_reward(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    assert store.ingest("r1", [{"kind": "metrics", "step": 0, "time": 1.0, "metrics": {"reward": "high"}}]) == 1
+    assert store.get_run("r1")["reward"] is None and store.metrics(["r1"]).reward.tolist() == ["high"]
+
+
+def test_unknown_status_is_ignored_and_the_run_goes_on(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    status = lambda s: {"kind": "status", "step": 0, "time": 5.0, "status": s}  # noqa: E731
+    store.ingest("r1", [status("running"), status("paused"), status(None)])
+    assert (store.get_run("r1")["status"], store.get_run("r1")["skipped_events"]) == ("running", 2)
+    store.ingest("r1", [status("finished")])
+    assert store.get_run("r1")["status"] == "finished"
+
+
+def test_update_run_checks_fields_and_existence(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    store.update_run("r1", group="g2", handle={"pid": 1})
+    assert (store.get_run("r1")["group"], store.get_run("r1")["handle"]) == ("g2", {"pid": 1})
+    with pytest.raises(RunError, match=r"run fields \['status; DROP TABLE runs'\] cannot be set"):
+        store.update_run("r1", **{"status; DROP TABLE runs": "x"})
+    with pytest.raises(RunError, match=r"run fields \['id'\] cannot be set"):
+        store.update_run("r1", id="r2")
+    with pytest.raises(RunError, match="run id='nope' does not exist"):
+        store.update_run("nope", notes="x")
+
+
+def test_store_file_of_an_older_version_gains_the_new_column(tmp_path):
+    path = tmp_path / "runs.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, algorithm TEXT NOT NULL, status TEXT NOT NULL,"
+               " target TEXT NOT NULL, launcher TEXT NOT NULL, host TEXT NOT NULL, created_by TEXT NOT NULL,"
+               " created_at REAL NOT NULL, started_at REAL, ended_at REAL, grp TEXT, tags TEXT NOT NULL DEFAULT '[]',"
+               " notes TEXT NOT NULL DEFAULT '', recipe TEXT NOT NULL, run_dir TEXT NOT NULL, launch TEXT NOT NULL DEFAULT '{}',"
+               " handle TEXT NOT NULL DEFAULT '{}', events_offset INTEGER NOT NULL DEFAULT 0,"
+               " last_step INTEGER NOT NULL DEFAULT -1, total_steps INTEGER NOT NULL, reward REAL, error TEXT,"
+               " cancel_requested INTEGER NOT NULL DEFAULT 0)")
+    db.commit()
+    db.close()
+    store = RunStore(path)
+    _make(store)
+    store.ingest("r1", [[1]])
+    assert store.get_run("r1")["skipped_events"] == 1
+
+
+def test_queue_claim_and_cancel_are_compare_and_set(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    _make(store)
+    assert store.claim_queued("r1") and not store.claim_queued("r1")  # exactly one claimer wins
+    assert not store.cancel_queued("r1")  # claimed: cancel must go through the launcher
+    assert store.get_run("r1")["status"] == "starting"
+    _make(store, run_id="r2")
+    assert store.cancel_queued("r2") and not store.claim_queued("r2")
+    run = store.get_run("r2")
+    assert (run["status"], run["cancel_requested"], run["error"]) == ("cancelled", 1, "cancelled before it started")
+    _make(store, run_id="r3")
+    store.update_run("r3", cancel_requested=1)
+    assert not store.claim_queued("r3")  # a cancel in progress is never started

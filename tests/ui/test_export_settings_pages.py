@@ -74,3 +74,22 @@ def test_settings_invalid_value_names_the_field(home):
     at.button(key="set_save").click().run()
     assert at.error[0].value.startswith("gpu_slots='two' is not allowed")
     assert not (home / "settings.yaml").exists()
+
+
+def test_renamed_host_keeps_its_python_and_setup_and_a_new_row_gets_none(home):
+    save_settings(Settings(ssh_hosts={
+        "gpu1": SSHHost(hostname="gpu1.lab", python="/opt/py/bin/python", setup="source ~/venv1/bin/activate"),
+        "gpu3": SSHHost(hostname="gpu3.lab", setup="source ~/venv3/bin/activate")}))
+    at = page("settings_page").run()
+    assert at.data_editor(key="set_hosts").value["stored_as"].tolist() == ["gpu1", "gpu3"]
+    # what the browser sends: rename row 0, delete row 1, add a row (st.data_editor's edit state)
+    at.session_state["set_hosts"] = {"edited_rows": {0: {"name": "gpu2"}}, "deleted_rows": [1],
+                                     "added_rows": [{"name": "new", "hostname": "new.lab"}]}
+    at.run()
+    at.button(key="set_save").click().run()
+    assert not at.error, [e.value for e in at.error]
+    hosts = load_settings().ssh_hosts
+    assert sorted(hosts) == ["gpu2", "new"]
+    assert (hosts["gpu2"].hostname, hosts["gpu2"].python, hosts["gpu2"].setup) == \
+           ("gpu1.lab", "/opt/py/bin/python", "source ~/venv1/bin/activate")
+    assert (hosts["new"].python, hosts["new"].setup) == (SSHHost(hostname="x").python, SSHHost(hostname="x").setup)

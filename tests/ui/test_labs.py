@@ -12,7 +12,6 @@ from streamlit.testing.v1 import AppTest
 from tests.helpers import home_with_tiny_model
 from tests.viz.test_labs import values
 from workbench.recipe import load_recipe
-from workbench.viz import lab_regions
 
 torch.set_num_threads(1)
 
@@ -74,7 +73,7 @@ def test_ppo_lab_bad_dual_clip_names_the_field(lab_home):
     at = lab("lab-ppo-regions").run()
     at.slider(key="ppo_eps_high").set_value(0.9).run()
     at.slider(key="ppo_c").set_value(1.5).run()
-    assert "dual clip c=1.5 must be greater than 1 + eps_high = 1.9" in at.error[0].value
+    assert at.error[0].value == "clip_c=1.5 must be greater than 1 + eps_high = 1.9"  # PolicyLossConfig's own check
 
 
 def test_ppo_lab_tokens_of_a_real_run(lab_home):
@@ -84,12 +83,19 @@ def test_ppo_lab_tokens_of_a_real_run(lab_home):
     at.multiselect(key="ppo_runs").set_value([run_id]).run()
     steps = store.diagnostic_steps(run_id)
     assert steps == [0, 1, 2]
-    points = lab_regions.token_points(store.diagnostics(run_id, steps[-1]))
+    diag = store.diagnostics(run_id, steps[-1])
+    # the run's own (core) labels, counted straight from the event over completion tokens
+    mask = np.asarray(diag["mask"]) == 1
+    codes = np.asarray(diag["region"])[mask]
+    names = diag["region_names"]
+    expected = {name: int((codes == code).sum()) for code, name in enumerate(names) if (codes == code).any()}
+    if (codes < 0).any():
+        expected["masked"] = int((codes < 0).sum())
     scatter = chart(at, "ppo_scatter")
     shown = {t["name"]: len(values(t["x"])) for t in scatter["data"]}
-    assert shown == lab_regions.region_counts(points)  # the run's own (core) labels, token for token
+    assert shown == expected
     metric = at.metric[0]
-    assert metric.value == f"{lab_regions.zero_grad_fraction(points):.1%}"
+    assert metric.value == f"{np.asarray(diag['zero_grad'])[mask].mean():.1%}"
     shares = chart(at, "ppo_shares")
     assert values(shares["data"][0]["x"]) == steps
 
@@ -136,6 +142,9 @@ def test_every_walkthrough_shows_equations_source_and_all_estimators(lab_home, u
     at = lab(url).run()
     assert not at.exception
     assert at.get("latex") and source in at.code[0].value
+    # and the aggregation its preset trains with, found by name in core's registry
+    preset = load_recipe(url.removeprefix("walkthrough-").replace("-", "_"))
+    assert f'@LOSS_AGGREGATIONS.register("{preset.algorithm.aggregation}")' in at.code[0].value
     table = next(d.value for d in at.dataframe if "Dr. GRPO" in d.value.columns)
     assert table["Dr. GRPO"].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75])
     assert table["RLOO"].tolist()[0] == pytest.approx(1.0)
@@ -146,6 +155,7 @@ def test_walkthrough_inputs_and_errors(lab_home):
     at = lab("walkthrough-grpo").run()
     at.text_input(key="grpo_rewards").input("1, 0, x").run()
     assert "rewards='1, 0, x'" in at.error[0].value
+    assert "Fix the inputs above to launch a run with them." in [c.value for c in at.caption]
     at = lab("walkthrough-ppo").run()
     gae = at.dataframe[0].value
     assert gae["A (lambda 1: G_t - V_t)"].tolist() == pytest.approx([0.8, 0.7, 0.6, 0.4, 0.2])
@@ -157,24 +167,46 @@ def test_walkthrough_inputs_and_errors(lab_home):
     assert pg["PPO clip grad"].tolist()[-1] == 0.0
 
 
-def test_launch_button_needs_sign_in_when_a_password_is_set(lab_home, monkeypatch):
+def test_walkthroughs_show_where_the_clip_formula_is(lab_home):
+    for url in ("walkthrough-grpo", "walkthrough-gspo"):
+        assert "def clipped_objective" in lab(url).run().code[0].value, url
+
+
+def test_group_size_is_checked_by_the_recipe_not_the_page(lab_home):
+    at = lab("walkthrough-ppo").run()
+    at.number_input(key="ppo_G").set_value(1).run()
+    assert not at.error and at.button(key="ppo_launch")  # GAE needs no group baseline
+    at = lab("walkthrough-grpo").run()
+    at.number_input(key="grpo_G").set_value(1).run()
+    assert "algorithm.advantage='grpo' needs a group baseline: sampling.num_generations must be >= 2" in at.error[0].value
+
+
+def test_launch_button_needs_sign_in_and_launches_with_the_pages_settings(lab_home, monkeypatch):
+    """GSPO's eps slider and CISPO's cap reach the launched recipes; the runs are preselected on
+    Live / Compare and owned by the signed-in user."""
     store, _ = lab_home
     monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
-    at = lab("walkthrough-rloo").run()
-    assert at.button(key="rloo_launch").disabled
-    assert "sign in" in " ".join(c.value for c in at.caption).lower()
-    at.session_state["wb_user"], at.session_state["wb_authed"] = "erin", True
-    at.run()
-    assert not at.button(key="rloo_launch").disabled
-    at.number_input(key="rloo_G").set_value(2).run()
-    at.button(key="rloo_launch").click().run()
-    assert not at.exception and at.success, [e.value for e in at.error]
+    from workbench.recipe import Recipe
     from workbench.runs import cancel
 
-    runs = store.list_runs()
-    new = runs[runs["created_by"] == "erin"]
-    assert len(new) == 1 and new["algorithm"].iloc[0] == "rloo"
-    cancel(new["id"].iloc[0], store=store)
+    launched = {}
+    for key, slider, value in (("gspo", "gspo_eps_clip", 0.1), ("cispo", "cispo_cispo_high", 0.5)):
+        at = lab(f"walkthrough-{key}").run()
+        assert at.button(key=f"{key}_launch").disabled
+        assert "sign in" in " ".join(c.value for c in at.caption).lower()
+        at.session_state["wb_user"], at.session_state["wb_authed"] = "erin", True
+        at.run()
+        assert not at.button(key=f"{key}_launch").disabled
+        at.slider(key=slider).set_value(value).run()
+        at.button(key=f"{key}_launch").click().run()
+        assert not at.exception and at.success, [e.value for e in at.error]
+        (run_id,) = at.session_state["compare_runs"]
+        launched[key] = store.get_run(run_id)
+        cancel(run_id, store=store)
+    assert {k: r["created_by"] for k, r in launched.items()} == {"gspo": "erin", "cispo": "erin"}
+    gspo, cispo = (Recipe.from_yaml(launched[k]["recipe"]).algorithm for k in ("gspo", "cispo"))
+    assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 0.1, 0.1)
+    assert (cispo.policy_loss, cispo.eps_low, cispo.eps_high) == ("cispo", 1.0, 0.5)
 
 
 # ---- KL and lens --------------------------------------------------------------------------
@@ -190,6 +222,15 @@ def test_kl_lab(lab_home):
     assert at.dataframe[1].value.set_index("preset").loc["grpo", "placement"] == "in_loss"
     at.text_input(key="kl_ref").input("0.5, 0.5").run()
     assert "pi has 4 outcomes but ref has 2" in at.error[0].value
+
+
+def test_kl_lab_shows_the_k3_clamp_bias_its_caption_names(lab_home):
+    at = lab("lab-kl").run()
+    at.text_input(key="kl_pi").input("0.98, 0.01, 0.01")
+    at.text_input(key="kl_ref").input("0.1, 0.45, 0.45").run()
+    bias = at.dataframe[0].value.set_index("estimator").loc["k3", "bias"]
+    assert f"{bias:.2f}" == "-0.60"  # hand values in tests/viz/test_labs.py
+    assert any("with pi = 0.98, 0.01, 0.01 and ref = 0.1, 0.45, 0.45 its bias is -0.60" in c.value for c in at.caption)
 
 
 def test_lens_lab_plots_the_runs_lens(lab_home):

@@ -130,3 +130,11 @@ def test_unreachable_target_shows_the_launchers_error(home, store):
     at.selectbox(key="launch_target").select("slurm").run()
     at.button(key="launch_go").click().run()
     assert "slurm" in at.error[0].value and store.list_runs().empty  # nothing half-made is left
+
+
+def test_compare_choices_leave_out_the_starting_preset_whatever_the_run_is_named(home):
+    at = page("launch_page").run()
+    choices = at.multiselect(key="launch_compare").options
+    assert "grpo" not in choices and "rloo" in choices
+    at.text_input(key="rf:name").input("rloo").run()  # the run's own name, not its algorithm
+    assert at.multiselect(key="launch_compare").options == choices

@@ -1,9 +1,12 @@
 """Runs page: the table's columns and values, filters and sort, and the actions on a run."""
 
 import pandas as pd
+import pytest
+from streamlit import config
 
 from tests.ui.conftest import page
 from tests.ui.seed import LiveRun, add_run
+from workbench.ui.auth import auth_policy
 from workbench.viz.tables import filter_runs, runs_table
 
 
@@ -97,5 +100,30 @@ def test_cancel_a_live_run_stops_its_process(home, store):
         from workbench.runs import sync
         sync(store)
         assert store.get_run(live.run_id)["status"] == "cancelled"
+    finally:
+        live.stop()
+
+
+@pytest.mark.parametrize("blocked_by", ["password", "open address"])
+def test_signed_out_session_sees_runs_with_actions_disabled(home, store, monkeypatch, blocked_by):
+    """A protected app (a password set, or listening beyond localhost with none): the page renders
+    and save / cancel / delete are disabled with the reason (they once raised TypeError)."""
+    if blocked_by == "password":
+        monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
+        reason = "Sign in (sidebar) to launch, cancel or delete runs."
+    else:
+        config.set_option("server.address", "0.0.0.0")  # the home fixture restores it
+        reason = auth_policy("0.0.0.0", None).reason
+    live = LiveRun(store, name="live")
+    try:
+        at = page("runs_page").run()
+        assert not at.exception, at.exception
+        at.selectbox(key="runs_selected").select(live.run_id).run()
+        at.checkbox(key=f"runs_confirm:{live.run_id}").check().run()
+        assert not at.exception, at.exception
+        for key in ("runs_save", "runs_cancel", "runs_delete"):
+            button = at.button(key=key)
+            assert button.disabled, key
+            assert button.help == reason, key
     finally:
         live.stop()

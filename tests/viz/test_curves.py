@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from tests.ui.figspec import traces
-from workbench.viz.curves import PANELS, available_panels, compare_figures, ema, final_metrics_table, metric_figure, progress
+from workbench.viz.curves import PANELS, available_panels, compare_figures, ema, final_metrics_table, metric_figure, progress, step_label
 
 
 def frame() -> pd.DataFrame:
@@ -108,3 +108,7 @@ def test_final_metrics_table_values():
 
 def test_progress_fraction():
     assert progress(-1, 30) == 0.0 and progress(14, 30) == 0.5 and progress(29, 30) == 1.0 and progress(3, 0) == 0.0
+
+
+def test_step_label_counts_steps_done():
+    assert (step_label(-1, 30), step_label(14, 30), step_label(29, 30)) == ("0/30", "15/30", "30/30")

@@ -68,7 +68,16 @@ def test_analytic_figure_traces_and_six_shaded_regions():
     assert len(fig["layout"]["shapes"]) == (3 + 4) * 2
     labels = [a.get("text", "") for a in fig["layout"]["annotations"] if ":" in a.get("text", "")]
     assert [l.split(":")[0] for l in labels] == ["1", "2", "3", "4", "5", "6", "6'"]
-    assert len(reg.book_regions_table()) == 6
+    table = reg.book_regions_table().set_index("case")
+    assert len(table) == 6
+    # case 6 beyond c: the objective is c A (= -2 at c = 2, A = -1, as computed above), the loss -c A
+    assert table.loc[6, "objective"] == "R A  (c A beyond the dual clip c: loss -c A)"
+
+
+def test_region_bands_use_the_smaller_of_dual_clip_and_delta():
+    bands = reg.region_bands(PolicyLossConfig(eps_low=0.2, eps_high=0.28, clip_c=3.0, delta=2.0), -1, 4.0)
+    assert [x for lo, hi, *_ in bands for x in (lo, hi)] == pytest.approx([0.0, 0.8, 0.8, 1.28, 1.28, 2.0, 2.0, 4.0])
+    assert bands[-1][2] == "6': dual clip, no update"
 
 
 # ---- PPO regions: empirical --------------------------------------------------------------
@@ -196,9 +205,11 @@ def test_gae_table_by_hand():
 
 
 def test_bias_examples_by_hand():
-    s = est.std_bias_example(eps=0.0)
-    assert s["GRPO A(correct)"].tolist() == pytest.approx([1.5, 0.5 / math.sqrt(1 / 3)])
-    assert s["Dr. GRPO A(correct)"].tolist() == pytest.approx([0.75, 0.5])
+    s = est.std_bias_example(eps=0.0).set_index("group rewards")
+    assert list(s.index) == ["1, 0, 0, 0", "0.1, 0, 0, 0", "1, 1, 0, 0", "1, 1, 1, 0"]
+    # unbiased group std: (1,0,0,0) -> 0.5, (0.1,0,0,0) -> 0.05, (1,1,0,0) -> sqrt(1/3), (1,1,1,0) -> 0.5
+    assert s["GRPO A(best)"].tolist() == pytest.approx([0.75 / 0.5, 0.075 / 0.05, 0.5 / math.sqrt(1 / 3), 0.25 / 0.5])
+    assert s["Dr. GRPO A(best)"].tolist() == pytest.approx([0.75, 0.075, 0.5, 0.25])
     lb = est.length_bias_example().set_index("mode")
     assert lb.iloc[:, 0].tolist() == pytest.approx([1 / 8, 1 / 11, 1 / 14])
     assert lb.iloc[:, 1].tolist() == pytest.approx([-1 / 14, -1 / 11, -1 / 14])
@@ -230,6 +241,28 @@ def test_kl_moments_by_hand():
     assert bv.loc[("k1", 4), "std"] == pytest.approx(math.sqrt(0.25 * (d1 - d0) ** 2 / 4))
     with pytest.raises(ValueError, match=r"pi=\[1.0, 0.0\]"):
         klv.categorical([1.0, 0.0], "pi")
+
+
+def test_k3_has_lower_variance_than_k1_when_pi_is_close_to_ref():
+    pi, ref = klv.categorical([0.5, 0.5], "pi"), klv.categorical([0.45, 0.55], "ref")
+    m = klv.estimator_moments(pi, ref).set_index("estimator")
+    # two equally likely outcomes with d = log 0.9, log 1.1: Var = (k(x0) - k(x1))^2 / 4
+    var_k1 = 0.25 * math.log(1.1 / 0.9) ** 2
+    var_k3 = 0.25 * ((0.9 - math.log(0.9)) - (1.1 - math.log(1.1))) ** 2
+    assert m.loc["k1", "variance"] == pytest.approx(var_k1)  # 1.0067e-2
+    assert m.loc["k3", "variance"] == pytest.approx(var_k3)  # 1.1246e-7
+    assert var_k3 < var_k1
+
+
+def test_k3_is_biased_where_cores_clamp_bites():
+    pi, ref = klv.categorical([0.98, 0.01, 0.01], "pi"), klv.categorical([0.1, 0.45, 0.45], "ref")
+    m = klv.estimator_moments(pi, ref).set_index("estimator")
+    kl = 0.98 * math.log(0.98 / 0.1) + 0.02 * math.log(0.01 / 0.45)
+    # k3 at the rare outcomes is 45 - log 45 - 1 = 40.2, clamped to 10 (verl's bound, in core)
+    k3_mean = 0.98 * (0.1 / 0.98 - math.log(0.1 / 0.98) - 1) + 0.02 * 10.0
+    assert m.loc["k3", "mean"] == pytest.approx(k3_mean)
+    assert m.loc["k3", "bias"] == pytest.approx(k3_mean - kl) and round(k3_mean - kl, 2) == -0.60
+    assert m.loc["k1", "bias"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_kl_monte_carlo_is_seeded_and_figure_has_all_estimators():

@@ -8,6 +8,8 @@ shapes that do not fit fail naming the tensor and both shapes.
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    GROUP_ESTIMATORS,
     GRPO_SCALES,
     TOKEN_LEVEL_ESTIMATORS,
     AdvantageConfig,
@@ -29,17 +31,18 @@ from .policy_losses import (
     PolicyLossConfig,
     clipped_objective,
     compute_policy_loss,
+    dual_clip_cap,
     ppo_regions,
     sequence_log_ratio,
 )
-from .registry import Registry, UnknownNameError
+from .registry import Registry, UnknownNameError, check_choice
 from .scan import reverse_discounted_cumsum
 from .shapes import ShapeError
 from .tokens import entropy_from_logits, logprobs_from_logits
 from .value_loss import clipped_value_loss
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "GRPO_SCALES", "TOKEN_LEVEL_ESTIMATORS", "AdvantageConfig", "Advantages",
+    "ADVANTAGE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GRPO_SCALES", "TOKEN_LEVEL_ESTIMATORS", "AdvantageConfig", "Advantages",
     "compute_advantages", "kl_shaped_sequence_rewards", "token_level_rewards",
     "LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers",
     "length_metrics", "reward_metrics", "token_mean_metric",
@@ -47,7 +50,7 @@ __all__ = [
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "opsm_mask", "truncation_mask", "token_objective",
     "POLICY_LOSSES", "REGION_NAMES", "PolicyDiagnostics", "PolicyLossConfig", "clipped_objective",
-    "compute_policy_loss", "ppo_regions", "sequence_log_ratio",
-    "Registry", "UnknownNameError", "reverse_discounted_cumsum", "ShapeError",
+    "compute_policy_loss", "dual_clip_cap", "ppo_regions", "sequence_log_ratio",
+    "Registry", "UnknownNameError", "check_choice", "reverse_discounted_cumsum", "ShapeError",
     "entropy_from_logits", "logprobs_from_logits", "clipped_value_loss",
 ]

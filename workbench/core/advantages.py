@@ -61,6 +61,10 @@ AdvantageFn = Callable[..., Advantages]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 GRPO_SCALES: tuple[str, ...] = ("group", "batch", "none")
 TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+# Estimators whose baseline is the other completions of the prompt's group: they need G >= 2.
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline"})
+# Estimators that read a critic's values (B, T).
+CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,10 +12,12 @@ same weight. verl names the last mode seq-mean-token-sum-norm but, unlike TRL, d
 the batch: the workbench keeps both conventions under distinct names.
 
 Global-batch normalisation: when a batch is split into micro-batches (gradient accumulation,
-several ranks), pass the *global* denominators ``num_tokens`` (sum of m over the whole batch) and
-``num_seqs`` (number of non-empty sequences in it); summing the micro-batch losses then gives
+several ranks), pass the *global* denominators ``num_tokens`` (sum of the loss mask over the whole
+batch) and ``num_seqs`` (number of completions in it); summing the micro-batch losses then gives
 exactly the full-batch loss (the bug of TRL #3021 / verl #5625 is dividing by local counts).
-Fully masked rows (truncation masking, OPSM) do not count as sequences.
+``batch_normalizers`` takes the sequences from the *completion* mask: a completion whose loss is
+masked out (DAPO truncation masking, OPSM) still counts as one of the B sequences, as TRL divides
+Dr. GRPO's loss by B (ESTIMATORS.md); it only stops contributing tokens.
 """
 
 from __future__ import annotations
@@ -85,19 +87,25 @@ def aggregate_loss(
 ) -> torch.Tensor:
     """Aggregate per-token losses (B, T) to a scalar with the registered ``mode``.
 
-    num_tokens / num_seqs default to this batch's own counts; pass global counts when this batch
-    is one micro-batch of a larger one (see module docstring).
+    num_tokens / num_seqs default to ``batch_normalizers(mask)``; pass global counts when this
+    batch is one micro-batch of a larger one, or when masked-out completions must still count as
+    sequences (see module docstring).
     """
     fn = LOSS_AGGREGATIONS.get(mode)
     check_2d("loss", loss)
     check_like("loss", loss, mask=mask)
-    if num_tokens is None:
-        num_tokens = mask.sum()
-    if num_seqs is None:
-        num_seqs = (mask.sum(dim=1) > 0).sum()
+    if num_tokens is None or num_seqs is None:
+        own_tokens, own_seqs = batch_normalizers(mask)
+        num_tokens = own_tokens if num_tokens is None else num_tokens
+        num_seqs = own_seqs if num_seqs is None else num_seqs
     return fn(loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
 
 
-def batch_normalizers(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(num_tokens, num_seqs) of a (B, T) mask, to sum across micro-batches / ranks."""
-    return mask.sum(), (mask.sum(dim=1) > 0).sum()
+def batch_normalizers(loss_mask: torch.Tensor, completion_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_tokens, num_seqs) of one (micro-)batch, to sum across micro-batches / ranks.
+
+    num_tokens = sum(loss_mask); num_seqs = rows of ``completion_mask`` (default: ``loss_mask``)
+    with at least one token, so a completion whose loss is masked out still counts as a sequence.
+    loss_mask, completion_mask: (B, T) -> two scalars."""
+    rows = loss_mask if completion_mask is None else completion_mask
+    return loss_mask.sum(), (rows.sum(dim=1) > 0).sum()

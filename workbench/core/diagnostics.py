@@ -14,8 +14,8 @@ def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Te
     grouped = rewards.view(-1, group_size).float()
     if group_size > 1:
         std = grouped.std(dim=1)
-    else:
-        std = torch.zeros(grouped.shape[0])
+    else:  # one completion per prompt: no spread (same device / dtype as the rewards)
+        std = torch.zeros_like(grouped[:, 0])
     return {
         "reward": grouped.mean(),
         "reward_std": std.mean(),

@@ -4,7 +4,8 @@ With d = ref_logp - logp on tokens sampled from pi (Schulman, "Approximating KL 
 
     k1 = -d                      unbiased, high variance, can be negative
     k2 = d^2 / 2                 biased, low variance (its gradient is the KL's gradient)
-    k3 = exp(d) - d - 1          unbiased, low variance, always >= 0 ("low_var_kl" in verl)
+    k3 = exp(d) - d - 1          unbiased, low variance, always >= 0 ("low_var_kl" in verl);
+                                 the +-10 clamp (as verl) biases it when |k3| would exceed 10
 
 Placements:
     in_reward  RLOO / PPO / REINFORCE++: the reward is shaped before advantages are computed
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .masked import zero_padding
-from .registry import Registry, check_choice
+from .registry import Registry
 from .shapes import check_2d, check_like
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
@@ -53,7 +54,3 @@ def kl_per_token(estimator: str, logp: torch.Tensor, ref_logp: torch.Tensor, mas
     check_like("logp", logp, ref_logp=ref_logp, mask=mask)
     kl = KL_ESTIMATORS.get(estimator)(logp, ref_logp)
     return zero_padding(kl, mask)
-
-
-def check_placement(placement: str) -> str:
-    return check_choice("kl_placement", placement, KL_PLACEMENTS)

@@ -106,7 +106,7 @@ def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) ->
     return masked_mean(0.5 * (logp - old_logp).detach() ** 2, mask)
 
 
-def _dual_cap(cfg: PolicyLossConfig) -> float | None:
+def dual_clip_cap(cfg: PolicyLossConfig) -> float | None:
     """The ratio above which a negative-advantage token is capped (dual clip or TRL's delta)."""
     caps = [c for c in (cfg.clip_c, cfg.delta) if c is not None]
     return min(caps) if caps else None
@@ -125,7 +125,7 @@ def ppo_regions(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
     pos, neg = advantages > 0, advantages < 0
     high = pos & (ratio > 1.0 + cfg.eps_high)
     low = neg & (ratio < 1.0 - cfg.eps_low)
-    cap = _dual_cap(cfg)
+    cap = dual_clip_cap(cfg)
     dual = neg & (ratio > cap) if cap is not None else torch.zeros_like(high)
     # the three clipped cases are mutually exclusive, so the codes can simply be added
     region = _label(high, low, dual, mask)
@@ -209,7 +209,10 @@ def cispo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     """CISPO (MiniMax-M1, 2025): -sg(clip(rho)) A logp. The importance weight is clipped and
     detached, so every token keeps a gradient -w A d logp; clipping never zeroes it.
 
-    Regions here describe the *weight*: clipped_high / clipped_low when the weight hit a bound.
+    Regions describe the *weight* with the signs of ESTIMATORS.md (and TRL, which counts CISPO
+    clipping for A > 0): clipped_high = weight at the upper bound and A > 0, clipped_low = at the
+    lower bound and A < 0, so ``clip_ratio/{high,low}_mean`` mean what they mean for ``clip``.
+    ``cispo/clip_ratio`` counts every clipped weight whatever the sign of A.
     """
     ratio = safe_exp(logp - old_logp)
     if cfg.cispo_bounds == "relative":
@@ -219,7 +222,7 @@ def cispo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     weight = ratio.detach().clamp(low, high)
     loss = zero_padding(-weight * advantages * logp, mask)
     above, below = ratio.detach() > high, ratio.detach() < low
-    region = _label(above, below, None, mask)
+    region = _label(above & (advantages > 0), below & (advantages < 0), None, mask)
     zero_grad = (advantages == 0) | ~mask.bool()
     metrics = {
         **_region_metrics(region, mask),

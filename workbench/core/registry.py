@@ -39,6 +39,11 @@ class Registry(Generic[F]):
 
         return decorate
 
+    def unregister(self, name: str) -> F:
+        """Remove ``name`` (e.g. a test's temporary entry); returns its function."""
+        self.get(name)  # UnknownNameError listing the known names
+        return self._functions.pop(name)
+
     def get(self, name: str) -> F:
         """The function registered as ``name``; UnknownNameError listing the known names otherwise."""
         try:

@@ -40,6 +40,9 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from workbench.core import (
+    ADVANTAGE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    GRPO_SCALES,
     POLICY_LOSSES,
     AdvantageConfig,
     PolicyLossConfig,
@@ -49,32 +52,41 @@ from workbench.core import (
     masked_mean,
 )
 
-# lens key -> (core estimator, AdvantageConfig overrides). GAE joins only when the run has a critic.
-LENS_ADVANTAGES: dict[str, tuple[str, dict]] = {
-    "grpo": ("grpo", {"scale": "group"}),
-    "dr_grpo": ("grpo", {"scale": "none"}),
-    "grpo_batch_std": ("grpo", {"scale": "batch"}),
-    "rloo": ("rloo", {}),
-    "reinforce": ("reinforce", {}),
-    "reinforce_pp": ("reinforce_pp", {}),
-    "reinforce_pp_baseline": ("reinforce_pp_baseline", {}),
-    "gae": ("gae", {}),
-}
+# The names users know for GRPO's std choices (a scale added to core.GRPO_SCALES appears as
+# grpo_<scale>).
 _GRPO_SCALE_KEYS = {"group": "grpo", "none": "dr_grpo", "batch": "grpo_batch_std"}
 
 
 def lens_key(advantage: str, grpo_scale: str = "group") -> str:
-    """The lens key of a recipe's estimator (GRPO's scale picks among its three variants)."""
-    return _GRPO_SCALE_KEYS[grpo_scale] if advantage == "grpo" else advantage
+    """The lens key of a recipe's estimator (GRPO's scale picks among its variants)."""
+    if advantage != "grpo":
+        return advantage
+    return _GRPO_SCALE_KEYS.get(grpo_scale, f"grpo_{grpo_scale}")
+
+
+def lens_estimators() -> dict[str, tuple[str, dict]]:
+    """lens key -> (core estimator, AdvantageConfig overrides): every registered advantage
+    estimator, GRPO once per std scale. Read from the registry at call time, so an estimator
+    registered later joins the lens with no list to edit here."""
+    known = list(_GRPO_SCALE_KEYS)  # display order: grpo, dr_grpo, grpo_batch_std, then new scales
+    scales = sorted(GRPO_SCALES, key=lambda s: known.index(s) if s in known else len(known))
+    out: dict[str, tuple[str, dict]] = {}
+    for name in ADVANTAGE_ESTIMATORS.names():
+        if name == "grpo":
+            out.update({lens_key(name, scale): (name, {"scale": scale}) for scale in scales})
+        else:
+            out[name] = (name, {})
+    return out
 
 
 def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageConfig, *,
                     kl: torch.Tensor | None = None, values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Advantages (B, T) of every lens estimator on one batch, with the run's settings ``base``
-    (group size, eps, gamma, lambda, in-reward KL, whitening). rewards (B,), mask (B, T)."""
+    (group size, eps, gamma, lambda, in-reward KL, whitening). rewards (B,), mask (B, T).
+    Estimators that read a critic's values join only when ``values`` is given."""
     out = {}
-    for key, (name, overrides) in LENS_ADVANTAGES.items():
-        if name == "gae" and values is None:
+    for key, (name, overrides) in lens_estimators().items():
+        if name in CRITIC_ESTIMATORS and values is None:
             continue
         out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values).advantages
     return out
@@ -205,7 +217,7 @@ class SameBatchLens:
         B = batch.completion_mask.shape[0]
         mine = slice(tr.rank * B, (tr.rank + 1) * B)
         local = {k: v[mine] for k, v in advantages.items()}
-        num_tokens, num_seqs = tr._global_counts(batch.loss_mask)
+        num_tokens, num_seqs = tr._global_counts(batch.loss_mask, batch.completion_mask)
         norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
         run = (lens_key(a.advantage, a.grpo_scale), a.policy_loss)
         model = acc.unwrap_model(tr.policy)

@@ -253,6 +253,20 @@ def _unique_names(funcs: Sequence[RewardFn]) -> list[str]:
     return names
 
 
+def reward_weights_for(weights: Sequence[float] | None, names: Sequence[str]) -> list[float]:
+    """One float weight per reward function named in ``names`` (None: 1.0 each). The one check
+    that the lengths agree: the trainer calls it when the run starts (so a bad recipe fails before
+    any model is loaded) and :func:`compute_rewards` on every batch."""
+    if weights is None:
+        return [1.0] * len(names)
+    if len(weights) != len(names):
+        raise ValueError(
+            f"reward_weights has {len(weights)} values for {len(names)} reward functions "
+            f"({', '.join(names)}): give one weight per function"
+        )
+    return [float(w) for w in weights]
+
+
 def compute_rewards(
     funcs: Sequence[RewardFn],
     weights: Sequence[float] | None,
@@ -288,9 +302,8 @@ def compute_rewards(
             f"prompts, completions and completion_ids must align: got {batch_size}, "
             f"{len(completions)}, {len(completion_ids)}"
         )
-    weights = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
-    if len(weights) != len(funcs):
-        raise ValueError(f"got {len(weights)} reward weights for {len(funcs)} reward functions")
+    names = _unique_names(funcs)
+    weights = reward_weights_for(weights, names)
     kwargs = {k: list(v) for k, v in columns.items() if k not in _RESERVED_COLUMNS}
     for key, values in kwargs.items():
         if len(values) != batch_size:
@@ -298,7 +311,6 @@ def compute_rewards(
     if trainer_state is not None:
         kwargs["trainer_state"] = trainer_state
 
-    names = _unique_names(funcs)
     results: list[Any] = [None] * len(funcs)
     pending: dict[int, Any] = {}  # index -> coroutine of an async reward function
     for i, (name, fn) in enumerate(zip(names, funcs)):

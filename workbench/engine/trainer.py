@@ -32,6 +32,7 @@ from transformers import get_scheduler
 from workbench.core import (
     REGION_NAMES,
     aggregate_loss,
+    batch_normalizers,
     clipped_value_loss,
     compute_advantages,
     compute_policy_loss,
@@ -47,7 +48,7 @@ from workbench.core import (
 from workbench.engine.events import EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.lens import SameBatchLens
-from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function
+from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function, reward_weights_for
 from workbench.engine.rollout import ROLLOUT_BACKENDS, valid_token_lists
 from workbench.engine.tasks import get_task, load_dataset_rows
 from workbench.engine.tiny import load_model_and_tokenizer, resolve_model_path
@@ -105,9 +106,7 @@ def reward_setup(recipe: Recipe):
     weights = recipe.reward_weights
     if weights is None and not recipe.reward_funcs and task is not None:
         weights = list(task.reward_weights)
-    if weights is not None and len(weights) != len(refs):
-        raise ValueError(f"reward_weights has {len(weights)} values for {len(refs)} reward functions ({', '.join(refs)})")
-    return [load_reward_function(r) for r in refs], weights
+    return [load_reward_function(r) for r in refs], reward_weights_for(weights, refs)
 
 
 def tracker_config(recipe: dict[str, Any], prefix: str = "") -> dict[str, int | float | str | bool]:
@@ -197,8 +196,12 @@ class Trainer:
             self.reference.eval().requires_grad_(False)
         total_updates = r.train.steps * r.train.mu * r.train.minibatches
         opt = torch.optim.AdamW(policy.parameters(), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
-        sched = get_scheduler(SCHEDULES[r.optim.schedule], opt, num_warmup_steps=r.optim.warmup_steps, num_training_steps=total_updates)
-        self.policy, self.optimizer, self.scheduler = acc.prepare(policy, opt, sched)
+        # One scheduler step per optimiser update on every rank. Not passed to acc.prepare: its
+        # AcceleratedScheduler steps num_processes times per call (it assumes each rank's
+        # dataloader batch is a slice of a num_processes-times larger one), which would run
+        # warm-up and decay num_processes times too fast here.
+        self.scheduler = get_scheduler(SCHEDULES[r.optim.schedule], opt, num_warmup_steps=r.optim.warmup_steps, num_training_steps=total_updates)
+        self.policy, self.optimizer = acc.prepare(policy, opt)
         # built once; generate() always samples the policy's current weights (vllm: synced in)
         self.rollout_backend = ROLLOUT_BACKENDS.get(r.train.rollout)(
             resolve_model_path(r.model), precision=r.train.precision, seed=r.train.seed)
@@ -239,12 +242,15 @@ class Trainer:
         r, acc = self.recipe, self.accelerator
         a = r.algorithm
         mask = out.completion_mask
-        single_pass = r.train.mu == 1 and r.train.minibatches == 1
-        old_logp = None if single_pass else logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0]
+        # The behaviour policy's log-probs come from the trainer's own forward whenever anything
+        # besides the single-pass ratio (which uses logp.detach()) needs them: the ratio of later
+        # passes, and the KL to the reference. The rollout engine's log-probs are other numbers
+        # (vLLM: renormalised under top_p < 1, possibly bf16); verl and OpenRLHF recompute too.
+        needs_old = not r.train.single_pass or self.reference is not None
+        old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0] if needs_old else None
         ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
-        behaviour = old_logp if old_logp is not None else out.rollout_logp
-        kl = kl_per_token(a.kl_estimator, behaviour, ref_logp, mask) if ref_logp is not None else None
+        kl = kl_per_token(a.kl_estimator, old_logp, ref_logp, mask) if ref_logp is not None else None
 
         # advantages need the global batch (batch-level baselines, whitening): gather, compute, slice
         g_rewards, g_mask = acc.gather(rewards), acc.gather(mask)
@@ -258,19 +264,22 @@ class Trainer:
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values)
         return batch, (g_rewards, g_mask, g_kl, adv.advantages)
 
-    def _global_counts(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        counts = torch.stack([mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype)])
+    def _global_counts(self, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num_tokens, num_seqs) of these rows summed over ranks (core.batch_normalizers):
+        tokens of the loss mask, sequences of the completion mask (a truncation-masked
+        completion still counts as one of the B sequences)."""
+        counts = torch.stack([c.to(loss_mask.dtype) for c in batch_normalizers(loss_mask, completion_mask)])
         counts = self.accelerator.reduce(counts, reduction="sum") if self.world > 1 else counts
         return counts[0], counts[1]
 
-    def micro_loss(self, mb: StepBatch, num_tokens, num_seqs, single_pass: bool):
+    def micro_loss(self, mb: StepBatch, num_tokens, num_seqs):
         """Loss of one micro-batch, scaled so that the sum over micro-batches and the mean over
         ranks (DDP) equal the aggregated loss of the whole global minibatch."""
         r = self.recipe
         a = r.algorithm
         logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=a.entropy_coef > 0)
-        old = logp.detach() if single_pass else mb.old_logp
-        loss_mask = mb.loss_mask
+        old = logp.detach() if r.train.single_pass else mb.old_logp
+        loss_mask = mb.loss_mask  # OPSM narrows it for the policy loss only (counts come from before)
         if a.opsm_delta is not None:
             loss_mask = opsm_mask(logp, old, mb.advantages, loss_mask, a.opsm_delta)
         pg, diag = compute_policy_loss(a.policy_loss, logp, old, mb.advantages, loss_mask, r.policy_loss_config())
@@ -286,8 +295,10 @@ class Trainer:
         total = policy_loss
         if self.critic is not None:
             values = self.critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
-            vl, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mb.completion_mask, a.value_clip)
-            value_loss = aggregate_loss(a.aggregation, vl, mb.completion_mask, **norm) * scale
+            # the value loss covers the tokens num_tokens counts (mb.loss_mask): summing it over
+            # the completion mask would inflate it whenever truncated completions are masked
+            vl, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mb.loss_mask, a.value_clip)
+            value_loss = aggregate_loss(a.aggregation, vl, mb.loss_mask, **norm) * scale
             total = total + a.vf_coef * value_loss
             metrics.update(vmetrics)
             metrics["loss/value"] = value_loss.detach()
@@ -300,7 +311,6 @@ class Trainer:
         per-token diagnostics (ratio, region, zero_grad) for every row."""
         r = self.recipe
         B = batch.completion_mask.shape[0]
-        single_pass = r.train.mu == 1 and r.train.minibatches == 1
         sums: dict[str, float] = {}
         count = 0
         grad_norms = []
@@ -311,11 +321,11 @@ class Trainer:
         for _ in range(r.train.mu):
             order = torch.randperm(B, generator=gen) if r.train.minibatches > 1 else torch.arange(B)
             for mb_idx in order.chunk(r.train.minibatches):
-                for metrics, logp in self.accumulate_gradients(batch, mb_idx.to(batch.completion_mask.device), single_pass, last):
+                for metrics, logp in self.accumulate_gradients(batch, mb_idx.to(batch.completion_mask.device), last):
                     for k, v in metrics.items():
                         sums[k] = sums.get(k, 0.0) + float(v)
                     count += 1
-                    if first_logp is None and single_pass:
+                    if first_logp is None and r.train.single_pass:
                         first_logp = logp
                 grad_norms.append(float(self._step_optimisers()))
         # losses of the micro-batches add up to their minibatch's loss: average per optimiser
@@ -326,13 +336,13 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics, last, first_logp
 
-    def accumulate_gradients(self, batch: StepBatch, mb_idx: torch.Tensor, single_pass: bool, last: dict):
+    def accumulate_gradients(self, batch: StepBatch, mb_idx: torch.Tensor, last: dict):
         """Backward over one minibatch in ``train.grad_accum`` micro-batches, each normalised by
         the *global* minibatch's token / sequence counts, so the accumulated gradient equals the
         gradient of the whole minibatch's aggregated loss. Yields (metrics, logp) per micro-batch."""
-        num_tokens, num_seqs = self._global_counts(batch.loss_mask[mb_idx])
+        num_tokens, num_seqs = self._global_counts(batch.loss_mask[mb_idx], batch.completion_mask[mb_idx])
         for micro_idx in mb_idx.chunk(self.recipe.train.grad_accum):
-            loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs, single_pass)
+            loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs)
             self.accelerator.backward(loss)
             last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
             yield metrics, logp
@@ -342,7 +352,8 @@ class Trainer:
         max_norm = r.optim.max_grad_norm if r.optim.max_grad_norm is not None else math.inf
         norm = acc.clip_grad_norm_(self.policy.parameters(), max_norm)
         self.optimizer.step()
-        self.scheduler.step()
+        if not self.optimizer.step_was_skipped:  # fp16 loss scaling skipped the update: so does the schedule
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             acc.clip_grad_norm_(self.critic.parameters(), max_norm)

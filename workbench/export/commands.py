@@ -43,8 +43,9 @@ def accelerate_launch_args(*, num_processes: int = 1, cpu: bool = True, mixed_pr
     elif cpu:
         args.insert(0, "--cpu")
     if num_machines > 1:
-        args += ["--machine_rank", _arg(machine_rank), "--main_process_ip", _arg(main_process_ip),
-                 "--main_process_port", _arg(main_process_port)]
+        args += ["--machine_rank", _arg(machine_rank), "--main_process_ip", _arg(main_process_ip)]
+    if num_machines > 1 or main_process_port is not None:  # one machine: a port per run, or runs clash on 29500
+        args += ["--main_process_port", _arg(main_process_port)]
     return args
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from workbench.core.registry import Registry
-from workbench.export.commands import MIXED_PRECISION, ShellVar, accelerate_launch_args, shell_join
+from workbench.export.commands import MIXED_PRECISION, ShellVar, shell_join, train_command
 from workbench.recipe import Recipe
 
 
@@ -94,7 +94,7 @@ class BashOptions:
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """The sbatch allocation and layout (defaults as ``workbench.runs`` Settings.slurm)."""
+    """The sbatch allocation and layout (the caller fills in its own defaults, e.g. the app's settings)."""
 
     nodes: int = 1
     """Training nodes; accelerate runs one launcher per node (machine rank = SLURM_PROCID)."""
@@ -188,10 +188,9 @@ def bash_script(recipe: Recipe, options: BashOptions = BashOptions()) -> str:
     inlined into ``RUN_DIR/recipe.yaml`` (quoted heredoc), then ``exec`` of the ``accelerate launch
     ... -m workbench train`` command with the processes and the recipe's mixed precision.
     """
-    launch = accelerate_launch_args(num_processes=options.processes, cpu=options.device == "cpu",
-                                    mixed_precision=MIXED_PRECISION[recipe.train.precision])
-    argv = [ShellVar("PYTHON"), "-m", "accelerate.commands.launch", *launch,
-            "-m", "workbench", "train", ShellVar("RECIPE"), "--run-dir", ShellVar("RUN_DIR")]
+    argv = train_command(ShellVar("RECIPE"), ShellVar("RUN_DIR"), python=ShellVar("PYTHON"),
+                         num_processes=options.processes, cpu=options.device == "cpu",
+                         mixed_precision=MIXED_PRECISION[recipe.train.precision])
     name = safe_name(recipe.name)
     return f"""#!/usr/bin/env bash
 # RL Workbench run script for recipe {name}: {_summary(recipe)}
@@ -284,12 +283,11 @@ def sbatch_script(recipe: Recipe, options: SlurmOptions = SlurmOptions()) -> str
     """
     o = options
     gpus = o.gpus_per_node
-    launch = accelerate_launch_args(
+    argv = train_command(
+        ShellVar("RECIPE"), ShellVar("RUN_DIR"), python=ShellVar("PYTHON"),
         num_processes=o.processes, cpu=gpus == 0, mixed_precision=MIXED_PRECISION[recipe.train.precision],
         num_machines=o.nodes, machine_rank=ShellVar("SLURM_PROCID"),
         main_process_ip=ShellVar("MAIN_PROCESS_IP"), main_process_port=ShellVar("MAIN_PROCESS_PORT"))
-    argv = [ShellVar("PYTHON"), "-m", "accelerate.commands.launch", *launch,
-            "-m", "workbench", "train", ShellVar("RECIPE"), "--run-dir", ShellVar("RUN_DIR")]
     # Run by each task's own shell (single-quoted below, so its variables expand there). `trap ''
     # TERM`: `scancel --signal=TERM` reaches every process of the step, and accelerate's
     # single-process launcher would die at once, ending the step (SLURM then kills what is left)

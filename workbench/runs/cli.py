@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -21,22 +22,41 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def _cmd_launch(args) -> int:
-    from workbench.recipe import RecipeError, load_recipe
-    from workbench.runs import LaunchError, RunError, RunStore, launch, launch_group, wait
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's to fix (bad id, settings, target, recipe)."""
+    from workbench.recipe import RecipeError
+    from workbench.runs import LaunchError, RunError, SettingsError
 
-    try:
-        recipes = [load_recipe(name, args.set) for name in args.recipe]
-        store = RunStore()
-        common = dict(target=args.target, tags=args.tag, notes=args.notes, num_processes=args.processes, store=store)
-        if len(recipes) > 1 or args.group:
-            if args.name:
-                return _fail("--name names one run; with several recipes use --group")
-            ids = launch_group(recipes, group=args.group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
-        else:
-            ids = [launch(recipes[0], name=args.name, **common)]
-    except (RecipeError, RunError, LaunchError, ValueError) as err:
-        return _fail(str(err))
+    return RecipeError, RunError, LaunchError, SettingsError, ValueError
+
+
+def _user_facing(command):
+    """A CLI verb that reports the user's errors as one line and exit 2, never as a traceback."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        try:
+            return command(args)
+        except _user_errors() as err:
+            return _fail(str(err))
+
+    return run
+
+
+@_user_facing
+def _cmd_launch(args) -> int:
+    from workbench.recipe import load_recipe
+    from workbench.runs import RunStore, launch, launch_group, wait
+
+    recipes = [load_recipe(name, args.set) for name in args.recipe]
+    store = RunStore()
+    common = dict(target=args.target, tags=args.tag, notes=args.notes, num_processes=args.processes, store=store)
+    if len(recipes) > 1 or args.group:
+        if args.name:
+            return _fail("--name names one run; with several recipes use --group")
+        ids = launch_group(recipes, group=args.group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
+    else:
+        ids = [launch(recipes[0], name=args.name, **common)]
     for run_id in ids:
         print(run_id)
     if not args.wait:
@@ -58,47 +78,60 @@ def _progress_printer():
     return show
 
 
+@_user_facing
 def _cmd_runs(args) -> int:
-    from workbench.runs import RunError, RunStore, cancel, delete, sync
+    from workbench.runs import RunStore, sync
 
     store = RunStore()
     sync(store)
-    try:
-        if args.action == "list":
-            frame = store.list_runs(status=args.status, group=args.group)
-            if frame.empty:
-                print("no runs")
-                return 0
-            frame = frame.assign(created_at=frame.created_at.map(lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))),
-                                 progress=[f"{s + 1}/{t}" for s, t in zip(frame.last_step, frame.total_steps)])
-            cols = ["id", "algorithm", "status", "progress", "reward", "target", "group", "created_by", "created_at"]
-            print(frame[cols].to_string(index=False))
-            return 0
-        if not args.id:
-            return _fail(f"runs {args.action} needs a run ID")
-        run = store.get_run(args.id)
-        if args.action == "show":
-            shown = {k: v for k, v in run.items() if k not in ("recipe", "events_offset")}
-            print(json.dumps(shown, indent=2, default=str))
-            print("--- recipe ---\n" + run["recipe"], end="")
-        elif args.action == "logs":
-            return _print_logs(store, run, args.follow)
-        elif args.action == "cancel":
-            cancel(args.id, store=store)
-            print(store.get_run(args.id)["status"])
-        elif args.action == "delete":
-            delete(args.id, store=store)
-            print(f"deleted {args.id}")
-    except RunError as err:
-        return _fail(str(err))
+    if args.action == "list":
+        return _list_runs(store, args)
+    if not args.id:
+        return _fail(f"runs {args.action} needs a run ID")
+    return _RUN_ACTIONS[args.action](store, store.get_run(args.id), args)
+
+
+def _list_runs(store, args) -> int:
+    frame = store.list_runs(status=args.status, group=args.group)
+    if frame.empty:
+        print("no runs")
+        return 0
+    frame = frame.assign(created_at=frame.created_at.map(lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))),
+                         progress=[f"{s + 1}/{t}" for s, t in zip(frame.last_step, frame.total_steps)])
+    cols = ["id", "algorithm", "status", "progress", "reward", "target", "group", "created_by", "created_at"]
+    print(frame[cols].to_string(index=False))
+    return 0
+
+
+def _show_run(store, run: dict, args) -> int:
+    shown = {k: v for k, v in run.items() if k not in ("recipe", "events_offset")}
+    print(json.dumps(shown, indent=2, default=str))
+    print("--- recipe ---\n" + run["recipe"], end="")
+    return 0
+
+
+def _cancel_run(store, run: dict, args) -> int:
+    from workbench.runs import cancel
+
+    cancel(run["id"], store=store)
+    print(store.get_run(run["id"])["status"])
+    return 0
+
+
+def _delete_run(store, run: dict, args) -> int:
+    from workbench.runs import delete
+
+    delete(run["id"], store=store)
+    print(f"deleted {run['id']}")
     return 0
 
 
 def _print_logs(store, run: dict, follow: bool) -> int:
     """The run's metrics, one line per step (and its stdout log for local runs)."""
     from workbench.runs import TERMINAL_STATUSES, sync
+    from workbench.runs.launchers.base import STDOUT_FILE
 
-    log = Path(run["run_dir"]) / "stdout.log"
+    log = Path(run["run_dir"]) / STDOUT_FILE
     if log.exists():
         print(log.read_text(errors="replace"), end="")
     printed = -1
@@ -113,6 +146,7 @@ def _print_logs(store, run: dict, follow: bool) -> int:
         sync(store)
 
 
+@_user_facing
 def _cmd_collect(args) -> int:
     from workbench.runs import RunStore, sync
 
@@ -123,6 +157,10 @@ def _cmd_collect(args) -> int:
             print(f"ingested {n} rows")
             return 0
         time.sleep(args.interval)
+
+
+_RUN_ACTIONS = {"show": _show_run, "logs": lambda store, run, args: _print_logs(store, run, args.follow),
+                "cancel": _cancel_run, "delete": _delete_run}
 
 
 def add_run_parsers(sub) -> None:
@@ -139,7 +177,7 @@ def add_run_parsers(sub) -> None:
     p.add_argument("--wait", action="store_true", help="follow until every run ends; exit 0 iff all finished")
     p.set_defaults(func=_cmd_launch)
     r = sub.add_parser("runs", help="list, show, follow, cancel or delete runs")
-    r.add_argument("action", choices=["list", "show", "logs", "cancel", "delete"])
+    r.add_argument("action", choices=["list", *_RUN_ACTIONS])
     r.add_argument("id", nargs="?")
     r.add_argument("--status")
     r.add_argument("--group")

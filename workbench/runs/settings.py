@@ -110,7 +110,7 @@ class Settings(_Strict):
     cpu_slots: int = Field(3, ge=1)
     """Concurrent local CPU runs (1 thread each); more wait in the queue. 3 fits the quick comparison."""
     gpu_slots: int | None = Field(None, ge=0)
-    """Concurrent local GPU runs (None: one per visible device)."""
+    """Local GPUs runs may take: the first N visible devices (None: all of them; 0: none, local runs use the CPU slots). Each run takes one free device per process and waits until that many are free; a run needing more than there are fails at once."""
 
     @field_validator("ssh_hosts")
     @classmethod

@@ -6,6 +6,10 @@ payload as JSON). Ingest is idempotent by (run, step, kind): rows are keyed by i
 offset of the event stream advances in the same transaction as the rows it covers, so a restarted
 or duplicated collector neither loses nor repeats a step.
 
+An event the store cannot use (not a JSON object, a step that is not an integer, an unknown
+status, a payload of the wrong type) is skipped and counted in ``runs.skipped_events``: one bad
+line must not stop the stream behind it.
+
 Every call opens its own short-lived connection: Streamlit serves each browser session from its
 own thread, and several collectors (app, CLI) may write at once; WAL lets readers run beside one
 writer and ``busy_timeout`` queues writers.
@@ -13,12 +17,13 @@ writer and ``busy_timeout`` queues writers.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
@@ -55,7 +60,8 @@ CREATE TABLE IF NOT EXISTS runs (
     total_steps INTEGER NOT NULL,
     reward REAL,
     error TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    skipped_events INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_grp ON runs(grp);
@@ -68,7 +74,9 @@ CREATE TABLE IF NOT EXISTS diagnostics (run_id TEXT, step INTEGER, time REAL, da
 CREATE TABLE IF NOT EXISTS lens (run_id TEXT, step INTEGER, time REAL, data TEXT,
     PRIMARY KEY (run_id, step)) WITHOUT ROWID;
 """
+_ADDED_COLUMNS = {"skipped_events": "INTEGER NOT NULL DEFAULT 0"}  # columns newer than some existing files
 _JSON_COLUMNS = ("tags", "launch", "handle")
+_EMPTY_HANDLE = "{}"
 RUN_COLUMNS = ["id", "name", "algorithm", "status", "target", "launcher", "host", "created_by", "created_at",
                "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
                "error", "run_dir"]
@@ -79,9 +87,9 @@ class RunError(ValueError):
 
 
 def _status_rank(status: str) -> int:
-    """Status only moves forward (queued < starting < running < terminal), so replayed events never
-    turn a finished run back into a running one. ``lost`` may still be overturned by late events."""
-    return {"queued": 0, "starting": 1, "running": 2, "lost": 3}.get(status, 4)
+    """Status only moves forward (queued < starting < running < terminal) and a terminal status is
+    final, so replayed events never turn a finished run back into a running one."""
+    return {"queued": 0, "starting": 1, "running": 2}.get(status, 3)
 
 
 class RunStore:
@@ -93,6 +101,7 @@ class RunStore:
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
+            self._columns = _migrate(db)
 
     # -- connections ---------------------------------------------------------------------------
     @contextmanager
@@ -150,6 +159,8 @@ class RunStore:
 
     def list_runs(self, status: str | None = None, group: str | None = None, tag: str | None = None) -> pd.DataFrame:
         """Runs, newest first, as a DataFrame with columns ``RUN_COLUMNS``."""
+        if status is not None and status not in STATUSES:
+            raise RunError(f"status={status!r} is not allowed; one of: {', '.join(STATUSES)}")
         rows = [r for r in self.runs([status] if status else None)
                 if (group is None or r["group"] == group) and (tag is None or tag in r["tags"])]
         frame = pd.DataFrame([{c: r[c] for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
@@ -162,11 +173,44 @@ class RunStore:
         return pd.DataFrame([dict(r) for r in rows], columns=["group", "runs", "created_at"])
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        """Set columns of a run (JSON columns take Python objects)."""
-        self.get_run(run_id)
+        """Set columns of a run (JSON columns take Python objects; ``group`` is the ``grp`` column)."""
         fields = {("grp" if k == "group" else k): (json.dumps(v) if k in _JSON_COLUMNS else v) for k, v in fields.items()}
+        unknown = sorted(set(fields) - (self._columns - {"id"}))
+        if unknown or not fields:
+            raise RunError(f"run fields {unknown or '(none)'} cannot be set; columns: {', '.join(sorted(self._columns - {'id'}))}")
         with self._write() as db:
-            db.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", (*fields.values(), run_id))
+            changed = db.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
+                                 (*fields.values(), run_id)).rowcount
+        if not changed:
+            self.get_run(run_id)  # raises the "does not exist" RunError
+
+    # -- the local queue: claims are compare-and-set, so a run starts once however many callers race
+    @contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """An exclusive lock shared by every process and thread using this store file (``flock`` on
+        ``runs.db.NAME.lock`` beside it; released by the kernel if the holder dies)."""
+        path = self.path.with_name(f"{self.path.name}.{name}.lock")
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def claim_queued(self, run_id: str) -> bool:
+        """queued -> starting, only if the run is still queued, unstarted and not being cancelled.
+        True: this caller won and must start it (and record the handle)."""
+        with self._write() as db:
+            return db.execute("UPDATE runs SET status = 'starting', started_at = COALESCE(started_at, ?)"
+                              " WHERE id = ? AND status = 'queued' AND handle = ? AND cancel_requested = 0",
+                              (time.time(), run_id, _EMPTY_HANDLE)).rowcount == 1
+
+    def cancel_queued(self, run_id: str, error: str = "cancelled before it started") -> bool:
+        """queued -> cancelled, only if nobody has claimed it yet. True: it never starts."""
+        with self._write() as db:
+            return db.execute("UPDATE runs SET status = 'cancelled', cancel_requested = 1, error = ?, ended_at = ?"
+                              " WHERE id = ? AND status = 'queued' AND handle = ?",
+                              (error, time.time(), run_id, _EMPTY_HANDLE)).rowcount == 1
 
     def rename(self, run_id: str, name: str) -> None:
         from workbench.runs.names import check_run_name
@@ -204,7 +248,7 @@ class RunStore:
         if it still equals ``old`` (compare-and-set), so two collectors reading the same bytes
         cannot both apply them; the loser's rows are ignored by the primary keys anyway.
         """
-        new = 0
+        new = skipped = 0
         with self._write() as db:
             if offset is not None:
                 moved = db.execute("UPDATE runs SET events_offset = ? WHERE id = ? AND events_offset = ?",
@@ -212,7 +256,12 @@ class RunStore:
                 if not moved:
                     return 0
             for event in events:
-                new += _ingest_one(db, run_id, event)
+                try:
+                    new += _ingest_one(db, run_id, event)
+                except _BadEvent:
+                    skipped += 1
+            if skipped:
+                db.execute("UPDATE runs SET skipped_events = skipped_events + ? WHERE id = ?", (skipped, run_id))
         return new
 
     # -- queries for plots ---------------------------------------------------------------------
@@ -256,6 +305,20 @@ class RunStore:
             return db.execute(query + " ORDER BY run_id, step", args).fetchall()
 
 
+def _migrate(db: sqlite3.Connection) -> set[str]:
+    """Add columns that files made by older versions lack; returns the runs table's columns."""
+    columns = {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
+    for name, spec in _ADDED_COLUMNS.items():
+        if name not in columns:
+            try:
+                db.execute(f"ALTER TABLE runs ADD COLUMN {name} {spec}")
+            except sqlite3.OperationalError as err:  # another process added it meanwhile
+                if "duplicate column" not in str(err):
+                    raise
+            columns.add(name)
+    return columns
+
+
 def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
     run = dict(row)
     run["group"] = run.pop("grp")
@@ -269,7 +332,7 @@ def _apply_status(db: sqlite3.Connection, run_id: str, status: str, error: str |
     if row is None:
         return False
     current = row["status"]
-    if _status_rank(status) < _status_rank(current) or (current in TERMINAL_STATUSES and current != "lost"):
+    if _status_rank(status) < _status_rank(current) or current in TERMINAL_STATUSES:
         return False
     ended = when if status in TERMINAL_STATUSES else None
     started = when if status == "starting" else None
@@ -278,32 +341,78 @@ def _apply_status(db: sqlite3.Connection, run_id: str, status: str, error: str |
     return current != status
 
 
-_LENS_KEY = "lens"
+# -- ingest of one event: checked first, then applied by the handler of its kind ---------------------
+class _BadEvent(ValueError):
+    """An event line the store cannot use; it is skipped and counted."""
 
 
-def _ingest_one(db: sqlite3.Connection, run_id: str, event: dict[str, Any]) -> int:
-    """Apply one event; returns 1 if it added a row or changed the status."""
-    kind, step, when = event.get("kind"), int(event.get("step", 0)), float(event.get("time", time.time()))
-    payload = {k: v for k, v in event.items() if k not in ("kind", "step", "time")}
-    if kind == "status":
-        return int(_apply_status(db, run_id, payload.get("status", ""), payload.get("error"), when))
-    if kind == "error":
-        db.execute("UPDATE runs SET error = ? WHERE id = ?", (payload.get("error"), run_id))
-        return 0
-    if kind == "metrics":
-        data = payload.get("metrics", {})
-        added = db.execute("INSERT OR IGNORE INTO metrics VALUES (?,?,?,?)", (run_id, step, when, json.dumps(data))).rowcount
-        if added:
-            db.execute("UPDATE runs SET last_step = MAX(last_step, ?), reward = CASE WHEN ? >= last_step THEN ? ELSE reward END"
-                       " WHERE id = ?", (step, step, data.get("reward"), run_id))
-        return added
-    if kind == "samples":
-        return db.execute("INSERT OR IGNORE INTO samples VALUES (?,?,?,?)",
-                          (run_id, step, when, json.dumps(payload.get("samples", [])))).rowcount
-    if kind == "diagnostics":
-        table = "lens" if _LENS_KEY in payload else "diagnostics"
-        data = payload[_LENS_KEY] if table == "lens" else payload
-        return db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?,?,?,?)", (run_id, step, when, json.dumps(data))).rowcount
-    if kind == "lens":
-        return db.execute("INSERT OR IGNORE INTO lens VALUES (?,?,?,?)", (run_id, step, when, json.dumps(payload))).rowcount
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _insert_payload(db: sqlite3.Connection, table: str, run_id: str, step: int, when: float, data: Any) -> int:
+    return db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?,?,?,?)", (run_id, step, when, json.dumps(data))).rowcount
+
+
+def _ingest_status(db, run_id, step, when, payload) -> int:
+    status = payload.get("status")
+    if status not in STATUSES:  # a status this version does not know would rank as terminal: ignore it
+        raise _BadEvent(f"status={status!r}")
+    return int(_apply_status(db, run_id, status, _text(payload.get("error")), when))
+
+
+def _ingest_error(db, run_id, step, when, payload) -> int:
+    db.execute("UPDATE runs SET error = ? WHERE id = ?", (_text(payload.get("error")), run_id))
     return 0
+
+
+def _ingest_metrics(db, run_id, step, when, payload) -> int:
+    data = payload.get("metrics", {})
+    if not isinstance(data, dict):
+        raise _BadEvent("metrics is not an object")
+    added = _insert_payload(db, "metrics", run_id, step, when, data)
+    if added:
+        reward = data.get("reward") if _is_number(data.get("reward")) else None
+        db.execute("UPDATE runs SET last_step = MAX(last_step, ?), reward = CASE WHEN ? >= last_step THEN ? ELSE reward END"
+                   " WHERE id = ?", (step, step, reward, run_id))
+    return added
+
+
+def _ingest_samples(db, run_id, step, when, payload) -> int:
+    samples = payload.get("samples", [])
+    if not isinstance(samples, list) or not all(isinstance(x, dict) for x in samples):
+        raise _BadEvent("samples is not a list of objects")
+    return _insert_payload(db, "samples", run_id, step, when, samples)
+
+
+_INGEST: dict[str, Callable[..., int]] = {
+    "status": _ingest_status,
+    "error": _ingest_error,
+    "metrics": _ingest_metrics,
+    "samples": _ingest_samples,
+    "diagnostics": lambda db, run_id, step, when, payload: _insert_payload(db, "diagnostics", run_id, step, when, payload),
+    "lens": lambda db, run_id, step, when, payload: _insert_payload(db, "lens", run_id, step, when, payload),
+}
+
+
+def _ingest_one(db: sqlite3.Connection, run_id: str, event: Any) -> int:
+    """Apply one event; returns 1 if it added a row or changed the status. _BadEvent (nothing
+    written) for an event that is not a well-formed object; kinds of newer engines are ignored."""
+    if not isinstance(event, dict):
+        raise _BadEvent("not a JSON object")
+    kind, step, when = event.get("kind"), event.get("step", 0), event.get("time", time.time())
+    if not _is_int(step) or step < 0 or not _is_number(when):
+        raise _BadEvent(f"step={step!r} time={when!r}")
+    handler = _INGEST.get(kind) if isinstance(kind, str) else None
+    if handler is None:
+        return 0
+    payload = {k: v for k, v in event.items() if k not in ("kind", "step", "time")}
+    return handler(db, run_id, step, float(when), payload)

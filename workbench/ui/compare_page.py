@@ -8,7 +8,7 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store
-from workbench.viz.curves import PANELS, X_AXES, available_panels, compare_figures, final_metrics_table, progress
+from workbench.viz.curves import PANELS, X_AXES, available_panels, compare_figures, final_metrics_table, progress, step_label
 
 LIVE_EVERY_S = 1.0
 COLUMNS = 2
@@ -39,7 +39,7 @@ def _controls() -> dict:
 
 
 def _status_line(runs) -> None:
-    parts = [f"{STATUS_ICONS.get(r.status, '')} **{r.name}** {r.status} · step {r.last_step + 1}/{r.total_steps}"
+    parts = [f"{STATUS_ICONS.get(r.status, '')} **{r.name}** {r.status} · step {step_label(r.last_step, r.total_steps)}"
              f" ({progress(r.last_step, r.total_steps):.0%})" for r in runs.itertuples()]
     st.markdown(" &nbsp;|&nbsp; ".join(parts))
 
@@ -91,9 +91,7 @@ def _live_view(ids: list[str], controls: dict, was_live: bool) -> None:
 
 def render() -> None:
     st.title("Live / Compare")
-    s = store()
-    wr.ensure_collector(s)  # ingests new events in the background (idempotent, one thread per store)
-    runs = s.list_runs()
+    runs = store().list_runs()  # kept current by the collector app.py starts
     if runs.empty:
         st.info("No runs yet. Launch one on the Launch page (or press Quick comparison there).")
         return

@@ -10,11 +10,8 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
-from workbench.ui import auth
-from workbench.ui.common import blocked_notice, guarded_button, run_option, store
+from workbench.ui.common import blocked_notice, guarded_button, launch_and_remember, run_option, store
 from workbench.ui.recipe_form import comparison_recipes, load_into_form, preset_notes, render_form
-
-LAUNCH_ERRORS = (wr.RunError, wr.LaunchError, RecipeError, ValueError, OSError)
 
 
 def _targets() -> tuple[list[str], str | None]:
@@ -27,13 +24,6 @@ def _targets() -> tuple[list[str], str | None]:
 
 
 TARGET_LABELS = {"local": "this machine", "slurm": "SLURM (sbatch)"}
-
-
-def _launched(group: str | None, ids: list[str]) -> None:
-    st.session_state["launch_result"] = {"group": group, "ids": ids}
-    if group:
-        st.session_state["compare_group"] = group
-    st.session_state["compare_runs"] = ids
 
 
 def _show_result() -> None:
@@ -52,16 +42,10 @@ def _show_result() -> None:
 def _quick_comparison() -> None:
     with st.container(border=True):
         st.markdown("**First time here?** One click launches GRPO, RLOO and PPO on the built-in tiny model, "
-                    "side by side on the same prompts and seed; they learn within about two minutes on a CPU.")
+                    "side by side on the same prompts and seed; on a 2-core CPU all three finish in about "
+                    "90 s with rewards rising (measured by bench/learning_bench.py).")
         if guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary"):
-            group = f"quick-{time.strftime('%Y%m%d-%H%M%S')}"
-            try:
-                ids = wr.launch_group(wr.quickstart_recipes(), group=group, target="local",
-                                      created_by=auth.current_user(), store=store())
-            except LAUNCH_ERRORS as err:
-                st.error(str(err))
-            else:
-                _launched(group, ids)
+            launch_and_remember(wr.quickstart_recipes(), f"quick-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def _starting_point() -> tuple[Recipe | None, str]:
@@ -84,11 +68,12 @@ def _starting_point() -> tuple[Recipe | None, str]:
         return None, ""
 
 
-def _launch_controls(recipe: Recipe | None, errors: dict[str, str]) -> None:
+def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe) -> None:
     st.subheader("Launch")
+    # the choices leave out the starting point's preset, not whatever the editable run name says
     others = st.multiselect(
         "Compare with these algorithms (same model, task, prompts, sampling, steps and seed; each keeps its "
-        "preset's algorithm and optimiser settings)", [p for p in preset_names() if not recipe or p != recipe.name],
+        "preset's algorithm and optimiser settings)", [p for p in preset_names() if p != base.name],
         key="launch_compare")
     targets, settings_error = _targets()
     if settings_error:
@@ -103,24 +88,14 @@ def _launch_controls(recipe: Recipe | None, errors: dict[str, str]) -> None:
     notes = st.text_area("Notes", key="launch_notes", height=68)
     if errors:
         st.error(f"Fix {len(errors)} field(s) before launching: " + ", ".join(k or "recipe" for k in errors))
-    blocked = blocked_notice()
+    blocked_notice()
     label = f"Launch {1 + len(others)} runs" if others else "Launch run"
-    if not st.button(label, key="launch_go", type="primary", disabled=recipe is None or blocked):
+    if not guarded_button(label, key="launch_go", type="primary", disabled=recipe is None):
         return
     tags = [t.strip() for t in tags_text.split(",") if t.strip()]
-    try:
-        if others:
-            group = group or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}"
-            ids = wr.launch_group(comparison_recipes(recipe, others), group=group, target=target, tags=tags,
-                                  notes=notes, created_by=auth.current_user(), store=store())
-        else:
-            group = None
-            ids = [wr.launch(recipe, target=target, tags=tags, notes=notes, created_by=auth.current_user(), store=store())]
-    except LAUNCH_ERRORS as err:
-        st.error(str(err))
-        return
-    _launched(group, ids)
-    st.rerun()
+    recipes, group = (comparison_recipes(recipe, others), group or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if others else ([recipe], None)
+    if launch_and_remember(recipes, group, target=target, tags=tags, notes=notes):
+        st.rerun()
 
 
 def render() -> None:
@@ -134,4 +109,4 @@ def render() -> None:
         load_into_form(base)
         st.session_state["rf:base"] = base_id
     recipe, errors = render_form(base)
-    _launch_controls(recipe, errors)
+    _launch_controls(recipe, errors, base)

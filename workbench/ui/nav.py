@@ -32,7 +32,6 @@ def page_specs() -> dict[str, list[PageSpec]]:
             PageSpec(_render("export_page"), "Export", "export", ":material/download:"),
             PageSpec(_render("settings_page"), "Settings", "settings", ":material/settings:"),
         ],
-        "Learn": [PageSpec(_render("advantages_page"), "Advantages", "advantages", ":material/calculate:")],
     }
     labs = [PageSpec(fn, title, url) for fn, title, url in LAB_PAGES]
     if labs:

@@ -7,6 +7,7 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.ui.common import any_active, guarded_button, run_option, store
+from workbench.viz.curves import step_label
 from workbench.viz.tables import SORT_KEYS, all_tags, filter_runs, runs_table
 
 TABLE_CONFIG = {
@@ -46,8 +47,8 @@ def _run_status(run_id: str) -> None:
         run = store().get_run(run_id)
     except wr.RunError:
         return
-    progress = f"step {run['last_step'] + 1}/{run['total_steps']}"
-    st.markdown(f"Status: **{run['status']}** · {progress} · target `{run['target']}` · owner {run['created_by']}")
+    st.markdown(f"Status: **{run['status']}** · step {step_label(run['last_step'], run['total_steps'])} · "
+                f"target `{run['target']}` · owner {run['created_by']}")
     if run["error"]:  # a cancel is the user's own doing: a notice, not an alarm
         (st.info if run["status"] == "cancelled" else st.error)(f"{run['status']}: {run['error']}")
 

@@ -18,17 +18,22 @@ from workbench.ui.common import guarded_button
 
 HOST_COLUMNS = ["name", "hostname", "user", "port", "identity_file", "known_hosts", "workdir", "strict_host_key_checking"]
 READ_ONLY = ("python", "setup")  # run on the host: edited in settings.yaml only
+# The stored name of each existing row (not editable; empty on added rows): a row keeps its host's
+# python / setup through a rename, and a new row never inherits another host's. Row positions
+# cannot serve: after a deletion st.data_editor numbers added rows from the remaining rows.
+STORED = "stored_as"
 
 
 def hosts_frame(settings: wr.Settings) -> pd.DataFrame:
-    rows = [{"name": n, **h.model_dump(include=set(HOST_COLUMNS))} for n, h in settings.ssh_hosts.items()]
-    return pd.DataFrame(rows, columns=HOST_COLUMNS)
+    rows = [{STORED: n, "name": n, **h.model_dump(include=set(HOST_COLUMNS))} for n, h in settings.ssh_hosts.items()]
+    return pd.DataFrame(rows, columns=[STORED, *HOST_COLUMNS])
 
 
 def hosts_from_frame(frame: pd.DataFrame, old: wr.Settings) -> dict[str, dict]:
-    """Edited rows -> ssh_hosts data; python / setup kept from the stored host of the same name."""
+    """Edited rows -> ssh_hosts data; python / setup kept from the stored host the row came from."""
     hosts = {}
     for row in frame.to_dict("records"):
+        stored = row.pop(STORED, None)
         name = str(row.pop("name") or "").strip()
         if not name and not row.get("hostname"):
             continue  # an empty added row
@@ -38,8 +43,8 @@ def hosts_from_frame(frame: pd.DataFrame, old: wr.Settings) -> dict[str, dict]:
             clean.pop("workdir")
         if clean.get("strict_host_key_checking") is None:
             clean["strict_host_key_checking"] = True
-        if name in old.ssh_hosts:
-            clean.update(old.ssh_hosts[name].model_dump(include=set(READ_ONLY)))
+        if isinstance(stored, str) and stored in old.ssh_hosts:
+            clean.update(old.ssh_hosts[stored].model_dump(include=set(READ_ONLY)))
         hosts[name] = clean
     return hosts
 
@@ -79,7 +84,9 @@ def render() -> None:
     st.caption("Authentication uses your own SSH keys and known_hosts files (by path); no passwords are stored. "
                "A host's python and setup lines run on that host: edit them in settings.yaml.")
     edited = st.data_editor(hosts_frame(settings), num_rows="dynamic", hide_index=True, key="set_hosts",
-                            column_config={"port": st.column_config.NumberColumn(min_value=1, max_value=65535, step=1),
+                            column_config={STORED: st.column_config.TextColumn("stored as", disabled=True,
+                                                                               help="the name in settings.yaml; python and setup stay with this row"),
+                                           "port": st.column_config.NumberColumn(min_value=1, max_value=65535, step=1),
                                            "strict_host_key_checking": st.column_config.CheckboxColumn(default=True)})
     if settings.ssh_hosts:
         st.dataframe(pd.DataFrame([{"name": n, "python": h.python, "setup": h.setup} for n, h in settings.ssh_hosts.items()]),

@@ -41,7 +41,9 @@ PANELS: dict[str, Panel] = {
     "truncated": Panel("Truncated completions", ("completions/clipped_ratio",),
                        "Fraction of completions cut at max_completion_length."),
     "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO)."),
-    "grad_norm": Panel("Gradient norm", ("grad_norm",), "Global gradient norm before clipping."),
+    "grad_norm": Panel("Gradient norm", ("grad_norm",),
+                       "Global gradient norm before clipping, averaged over the step's mu x minibatches "
+                       "optimiser updates."),
     "step_time": Panel("Step time (s)", ("perf/step_time",), "Wall time of one step: rollout + rewards + updates."),
 }
 
@@ -190,3 +192,8 @@ def progress(last_step: int, total_steps: int | None) -> float:
     if not total_steps or total_steps <= 0:
         return 0.0
     return min(max((last_step + 1) / total_steps, 0.0), 1.0)
+
+
+def step_label(last_step: int, total_steps: int) -> str:
+    """'k/N': steps done (last_step + 1; last_step = -1 means none) out of the run's total."""
+    return f"{int(last_step) + 1}/{int(total_steps)}"

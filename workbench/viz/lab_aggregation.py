@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from workbench.core import LOSS_AGGREGATIONS, aggregate_loss
+from workbench.core import aggregate_loss
 
 # The four modes the book and TRL discuss; the others registered in core can be added by name.
 LAB_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -134,7 +134,3 @@ def length_drift_figure(metrics: pd.DataFrame, labels: Mapping[str, str] | None 
         fig.add_trace(go.Scatter(x=part["step"], y=part[column], mode="lines", name=labels.get(run, run)))
     fig.update_layout(xaxis_title="step", yaxis_title=column, height=380, margin={"t": 30})
     return fig
-
-
-def registered_modes() -> tuple[str, ...]:
-    return LOSS_AGGREGATIONS.names()

@@ -115,16 +115,20 @@ def gae_figure(table: pd.DataFrame) -> go.Figure:
 # known biases, worked
 
 
-def std_bias_example(groups: Sequence[Sequence[float]] = ((1, 0, 0, 0), (1, 1, 0, 0)), eps: float = 1e-6) -> pd.DataFrame:
-    """Std normalisation (GRPO) vs none (Dr. GRPO): the advantage of a *correct* answer (reward 1)
-    in each group. Dividing by the group std makes a nearly-all-wrong (or all-right) group's
-    correct answer weigh more than the same answer in a balanced group."""
+STD_BIAS_GROUPS: tuple[tuple[float, ...], ...] = ((1, 0, 0, 0), (0.1, 0, 0, 0), (1, 1, 0, 0), (1, 1, 1, 0))
+
+
+def std_bias_example(groups: Sequence[Sequence[float]] = STD_BIAS_GROUPS, eps: float = 1e-6) -> pd.DataFrame:
+    """Std normalisation (GRPO) vs none (Dr. GRPO): the advantage of the best answer (highest
+    reward, the first on ties) in each group. Dividing by the group std gives the rare answer,
+    right or wrong, the largest |A| (1.5 in a group of 4), and cancels the reward scale:
+    (0.1, 0, 0, 0) gets the same 1.5 as (1, 0, 0, 0), where Dr. GRPO gives 0.075 and 0.75."""
     rows = []
     for g in groups:
         r = torch.tensor(list(g), dtype=torch.float64)
         mask = torch.ones(len(r), 1, dtype=torch.float64)
         out = {"group rewards": ", ".join(f"{x:g}" for x in g)}
-        for label, scale in (("GRPO A(correct)", "group"), ("Dr. GRPO A(correct)", "none")):
+        for label, scale in (("GRPO A(best)", "group"), ("Dr. GRPO A(best)", "none")):
             adv = compute_advantages("grpo", r, mask, AdvantageConfig(group_size=len(r), scale=scale, eps=eps)).advantages[:, 0]
             out[label] = float(adv[int(torch.argmax(r))])
         rows.append(out)

@@ -6,8 +6,9 @@ log pi(x). Their mean and variance are exact sums over the support (no sampling 
     E[k] = sum_x pi(x) k(x),   Var[k] = sum_x pi(x) (k(x) - E[k])^2,
 
 and the mean of n i.i.d. samples has bias E[k] - KL (independent of n) and variance Var[k] / n.
-k1 and k3 are unbiased; k2 = d^2/2 is biased (its expectation is a second-order approximation of
-the KL). A seeded Monte Carlo run next to the exact curves shows the same thing on samples.
+k1 is unbiased; k3 is unbiased until core's clamp |k3| <= 10 (verl's) cuts outcomes where ref
+is far above pi; k2 = d^2/2 is biased (its expectation is a second-order approximation of the
+KL). A seeded Monte Carlo run next to the exact curves shows the same thing on samples.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from workbench.core import KL_ESTIMATORS, kl_per_token
+from workbench.core import kl_per_token
 from workbench.recipe import load_recipe, preset_names
 
 KL_COLORS = {"k1": "#1f77b4", "k2": "#d62728", "k3": "#2ca02c"}
@@ -119,6 +120,3 @@ def placement_table() -> pd.DataFrame:
                      "placement": a.kl_placement if a.kl_coef else "no KL term (no reference model)"})
     return pd.DataFrame(rows)
 
-
-def registered_estimators() -> tuple[str, ...]:
-    return KL_ESTIMATORS.names()

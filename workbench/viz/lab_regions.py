@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from workbench.core import REGION_NAMES, PolicyLossConfig, compute_policy_loss
+from workbench.core import REGION_NAMES, PolicyLossConfig, compute_policy_loss, dual_clip_cap
 
 REGION_COLORS: dict[str, str] = {
     "trust": "#2ca02c",
@@ -54,7 +54,7 @@ BOOK_REGIONS: tuple[BookRegion, ...] = (
     BookRegion(3, +1, "R > 1 + eps_high", "(1 + eps_high) A", False, "clipped, NO UPDATE: the action is already more likely", "clipped_high"),
     BookRegion(4, -1, "R < 1 - eps_low", "(1 - eps_low) A", False, "clipped, NO UPDATE: the action is already less likely", "clipped_low"),
     BookRegion(5, -1, "1 - eps_low <= R <= 1 + eps_high", "R A", True, "trust region: normal update, decrease likelihood", "trust"),
-    BookRegion(6, -1, "R > 1 + eps_high", "R A  (-c A beyond the dual clip c)", True,
+    BookRegion(6, -1, "R > 1 + eps_high", "R A  (c A beyond the dual clip c: loss -c A)", True,
                "normal update, decrease likelihood (dual clip: no update once R > c)", "trust / dual_clipped"),
 )
 
@@ -95,10 +95,6 @@ def objective_and_gradient(loss: str, ratios: torch.Tensor, advantage: float, cf
     return objective.detach().reshape(-1), grad.reshape(-1)
 
 
-def _gspo_cfg(eps_low: float, eps_high: float) -> PolicyLossConfig:
-    return PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, gspo_variant="sequence")
-
-
 def analytic_curves(
     cfg: PolicyLossConfig,
     *,
@@ -130,7 +126,7 @@ def region_bands(cfg: PolicyLossConfig, sign: int, r_max: float) -> list[tuple[f
     if sign > 0:
         return [(0.0, lo, "1: R<1-eps, update", FLOW_FILL), (lo, hi, "2: trust region", FLOW_FILL),
                 (hi, r_max, "3: clipped, no update", STOP_FILL)]
-    cap = min([c for c in (cfg.clip_c, cfg.delta) if c is not None], default=None)
+    cap = dual_clip_cap(cfg)
     bands = [(0.0, lo, "4: clipped, no update", STOP_FILL), (lo, hi, "5: trust region", FLOW_FILL)]
     if cap is None or cap >= r_max:
         bands.append((hi, r_max, "6: R>1+eps, update", FLOW_FILL))

@@ -6,7 +6,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from workbench.viz.curves import progress
+from workbench.viz.curves import progress, step_label
 
 # Sort keys the page offers: label -> column of the shaped table.
 SORT_KEYS = {"created": "created", "name": "name", "status": "status", "algorithm": "algorithm",
@@ -25,7 +25,7 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
         "name": runs["name"],
         "status": runs["status"],
         "progress": [progress(int(s), int(t)) for s, t in zip(runs["last_step"], runs["total_steps"])],
-        "step": [f"{int(s) + 1}/{int(t)}" for s, t in zip(runs["last_step"], runs["total_steps"])],
+        "step": [step_label(s, t) for s, t in zip(runs["last_step"], runs["total_steps"])],
         "algorithm": runs["algorithm"],
         "target": runs["target"] if "target" in runs else runs["launcher"],
         "owner": runs["created_by"],

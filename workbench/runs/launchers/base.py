@@ -8,18 +8,40 @@ app after a restart, the CLI) can poll, cancel and read the run again.
 ``run`` below is the store's row as a dict: ``id``, ``run_dir`` (local Path string), ``host``,
 ``recipe`` (YAML text), ``handle`` (dict), ``status``, ``events_offset`` (bytes of events already
 ingested).
+
+Every launcher's run directory holds the same three files (the names are defined only here):
+``EVENTS_FILE`` (the engine's event stream), ``STDOUT_FILE`` (everything the trainer prints) and
+``EXIT_CODE_FILE`` (the trainer's exit status, written by the wrapper when the trainer ends).
 """
 
 from __future__ import annotations
 
+import json
+import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from workbench.core.registry import Registry
+from workbench.engine.events import EVENTS_FILE
+
+STDOUT_FILE = "stdout.log"
+EXIT_CODE_FILE = "exit_code"
+
+__all__ = ["EVENTS_FILE", "EXIT_CODE_FILE", "STDOUT_FILE", "ConfigError", "EventChunk", "LAUNCHERS", "LaunchError",
+           "Launcher", "parse_events", "read_file_events", "status_from_exit_code", "target_scheme"]
 
 
 class LaunchError(RuntimeError):
     """A run could not be started, reached or cancelled (message says where and why)."""
+
+
+class ConfigError(LaunchError):
+    """The target itself is not usable (unknown scheme, ssh host not in settings, unsafe host entry).
+
+    Unlike a plain LaunchError (host unreachable now), waiting does not help: the collector marks an
+    active run whose target raises this ``lost`` instead of retrying it forever.
+    """
 
 
 @dataclass
@@ -31,9 +53,16 @@ class EventChunk:
 
 
 class Launcher:
-    """Base class: subclasses implement all four methods."""
+    """Base class: subclasses implement start, alive, cancel and read_events.
+
+    The constructor must do no I/O (only read ``settings``): any LaunchError it raises is taken as a
+    configuration error (see ``ConfigError`` and ``workbench.runs.service.launcher_for``).
+    """
 
     scheme = ""
+    alive_every_s = 0.0
+    """Least seconds between two ``alive`` checks of one run by the collector (an ssh handshake or
+    a squeue call per check is too much at the collector's 4 passes a second)."""
 
     def __init__(self, target: str, settings) -> None:
         self.target = target  # e.g. "local", "ssh://gpu1", "slurm"
@@ -55,6 +84,11 @@ class Launcher:
         """New complete event lines since ``run['events_offset']`` (a torn last line waits)."""
         raise NotImplementedError
 
+    def exit_status(self, run: dict) -> tuple[str | None, str | None]:
+        """After the process is gone and wrote no final status: ``(status, error)`` if the launcher
+        knows how it ended (exit code, scheduler state), ``(None, None)`` if it does not."""
+        return None, None
+
 
 LAUNCHERS: Registry = Registry("launcher")
 
@@ -70,8 +104,6 @@ def parse_events(data: bytes, offset: int, prefix: bytes = b"") -> EventChunk:
     Only lines ending in a newline are consumed, so a line being written is read next time.
     With ``prefix`` (stdout mirrors), only lines starting with it are events.
     """
-    import json
-
     end = data.rfind(b"\n") + 1
     events = []
     for line in data[:end].splitlines():
@@ -84,3 +116,43 @@ def parse_events(data: bytes, offset: int, prefix: bytes = b"") -> EventChunk:
         except ValueError:
             continue  # a line torn by a crash in the middle of a write
     return EventChunk(events, offset + end)
+
+
+def read_file_events(path: Path, offset: int) -> EventChunk:
+    """New complete events of the event file ``path`` from byte ``offset`` (none while it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return EventChunk([], offset)
+    return parse_events(data, offset)
+
+
+def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple[str | None, str | None]:
+    """``(status, error)`` of a trainer that ended with exit ``code`` without a final status event.
+
+    0 -> ``(None, None)`` (a clean exit wrote its own final event); above 128 -> killed by signal
+    ``code - 128``; otherwise the code and the last line of ``log_path`` (accelerate's launcher
+    prints why its worker died there; None: no local log). ``where`` names the process, e.g.
+    ``"trainer process"`` or ``"remote trainer on ssh host 'gpu1'"``.
+    """
+    if code == 0:
+        return None, None
+    if code > 128:
+        number = code - 128
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
+        return "failed", f"{where} killed by {name} (exit code {code})"
+    last = _last_line(log_path) if log_path is not None else ""
+    return "failed", f"{where} exited with code {code}" + (f": {last}" if last else "")
+
+
+def _last_line(path: Path, max_bytes: int = 4096) -> str:
+    """The last non-empty line of a log (at most 500 characters of it)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, Path(path).stat().st_size - max_bytes))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-500:] if lines else ""

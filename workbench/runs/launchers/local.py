@@ -3,7 +3,8 @@
 The trainer is started by a small ``sh`` wrapper in its own session (``setsid``), double-forked so
 that init, not the app, becomes its parent (no zombies, survives an app restart). The wrapper
 records the trainer's exit code in ``exit_code``, which tells a crash (``kill -9``: 137) from a
-clean end when the event stream alone cannot.
+clean end when the event stream alone cannot. The wrapper lives exactly as long as the trainer
+(it ignores the cancel's SIGTERM and waits), so ``alive`` is the wrapper's pid.
 """
 
 from __future__ import annotations
@@ -14,28 +15,83 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from workbench.export.commands import shell_join, train_command
-from workbench.runs.launchers.base import LAUNCHERS, EventChunk, LaunchError, Launcher, parse_events
-
-EXIT_CODE_FILE = "exit_code"
-STDOUT_FILE = "stdout.log"
+from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError,
+                                           Launcher, read_file_events, status_from_exit_code)
 
 # `setsid` gives the trainer its own process group (cancel signals the whole group: accelerate's
 # launcher and every rank); `&` + `echo $!` returns at once, so init adopts the wrapper.
-_DETACH = 'setsid sh -c \'"$@" > {stdout} 2>&1; echo $? > {exit_code}\' wb-run {argv} < /dev/null > /dev/null 2>&1 & echo $!'
+# Inside, the trainer runs in the background so the wrapper can trap the group's SIGTERM (a no-op
+# trap, set after the child started so the child does not inherit it) and keep `wait`ing until the
+# trainer is really gone (`wait` returns early when a trapped signal arrives; a zombie child still
+# answers `kill -0`), then record its exit code.
+_WRAPPER = ('"$@" > {stdout} 2>&1 & child=$!; trap : TERM; wait "$child"; code=$?; '
+            'while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done; echo "$code" > {exit_code}')
+_DETACH = "setsid sh -c '{wrapper}' wb-run {argv} < /dev/null > /dev/null 2>&1 & echo $!"
+KILL_WAIT_S = 5.0  # after SIGKILL of the trainer's processes, how long the wrapper gets to record it
+
+
+class _Proc(NamedTuple):
+    pid: int
+    ppid: int
+    pgid: int
+    start_time: str
+
+
+def _processes() -> list[_Proc]:
+    """Every live (non-zombie) process on this machine, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            proc = _read_proc(int(entry.name))
+            if proc is not None:
+                found.append(proc)
+    return found
+
+
+def _read_proc(pid: int) -> _Proc | None:
+    """One process from /proc/PID/stat; None if there is none or it is a zombie (it has finished:
+    PID 1 in some containers never reaps orphans, so zombies must count as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return _Proc(pid, int(fields[1]), int(fields[2]), fields[19])
 
 
 def _start_time(pid: int) -> str | None:
     """Process start time from /proc (guards against a recycled pid); None if no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has finished
-        return None
-    return fields[19]
+    proc = _read_proc(pid)
+    return None if proc is None else proc.start_time
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """{pid: start time} of every live descendant of ``root``, whatever its session (torch elastic
+    starts multi-process workers with ``start_new_session=True``: a group signal misses them)."""
+    table = _processes()
+    children: dict[int, list[_Proc]] = {}
+    for proc in table:
+        children.setdefault(proc.ppid, []).append(proc)
+    found, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child.pid not in found:
+                found[child.pid] = child.start_time
+                todo.append(child.pid)
+    return found
+
+
+def _survivors(known: dict[int, str]) -> list[int]:
+    """Pids of ``known`` that still run (same start time: not a recycled pid)."""
+    return [pid for pid, start in known.items() if _start_time(pid) == start]
+
+
+def _group_members(pgid: int) -> list[int]:
+    return [p.pid for p in _processes() if p.pgid == pgid]
 
 
 @LAUNCHERS.register("local")
@@ -43,13 +99,15 @@ class LocalLauncher(Launcher):
     """``accelerate launch -m workbench train`` as a detached process group on this machine."""
 
     scheme = "local"
+    alive_every_s = 0.0  # a /proc read: cheap enough for every collector pass
 
     def command(self, run: dict) -> list[str]:
         launch = run.get("launch") or {}
+        processes = int(launch.get("num_processes", 1))
         return train_command(
             str(Path(run["run_dir"]) / "recipe.yaml"), run["run_dir"], python=sys.executable,
-            num_processes=int(launch.get("num_processes", 1)), cpu=not launch.get("gpus"),
-            mixed_precision=launch.get("mixed_precision", "no"))
+            num_processes=processes, cpu=not launch.get("gpus"), mixed_precision=launch.get("mixed_precision", "no"),
+            main_process_port=str(_free_port()) if processes > 1 else None)
 
     def environment(self, run: dict) -> dict[str, str]:
         launch = run.get("launch") or {}
@@ -63,7 +121,8 @@ class LocalLauncher(Launcher):
     def start(self, run: dict) -> dict:
         run_dir = Path(run["run_dir"])
         argv = self.command(run)
-        script = _DETACH.format(stdout=STDOUT_FILE, exit_code=EXIT_CODE_FILE, argv=shell_join(argv))
+        wrapper = _WRAPPER.format(stdout=STDOUT_FILE, exit_code=EXIT_CODE_FILE)
+        script = _DETACH.format(wrapper=wrapper, argv=shell_join(argv))
         try:
             out = subprocess.run(["sh", "-c", script], cwd=run_dir, env=self.environment(run), capture_output=True,
                                  text=True, timeout=30, check=True)
@@ -89,53 +148,60 @@ class LocalLauncher(Launcher):
         return handle.get("start_time") in (None, current)
 
     def cancel(self, run: dict, grace_s: float = 10.0) -> None:
-        pgid = (run.get("handle") or {}).get("pgid")
+        """SIGTERM to the group; after ``grace_s`` SIGKILL to every process of the run that is left
+        (group members and descendants in other sessions, seen before or during the grace), except
+        the wrapper, which then records the exit code and ends by itself."""
+        handle = run.get("handle") or {}
+        pgid, wrapper = handle.get("pgid"), handle.get("pid")
         if pgid is None or not self.alive(run):
             return
+        known = {wrapper: _start_time(wrapper)}
+        _add_descendants(known, wrapper)  # before the signal: once a parent exits, its orphans leave the tree
         _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if not _group_exists(pgid):
-                return
-            time.sleep(0.1)
-        _signal_group(pgid, signal.SIGKILL)
+        if _wait_gone(pgid, wrapper, known, grace_s):
+            return
+        for pid in (set(_survivors(known)) | set(_group_members(pgid))) - {wrapper}:
+            _kill(pid, signal.SIGKILL)
+        if not _wait_gone(pgid, wrapper, known, KILL_WAIT_S):
+            _signal_group(pgid, signal.SIGKILL)  # the wrapper itself is stuck: no exit code then
 
     def read_events(self, run: dict) -> EventChunk:
-        offset = int(run.get("events_offset") or 0)
-        path = Path(run["run_dir"]) / "events.jsonl"
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            return EventChunk([], offset)
-        return parse_events(data, offset)
+        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0))
 
     def exit_status(self, run: dict) -> tuple[str | None, str | None]:
         """After the process is gone: (status, error) from the wrapper's exit code, if it wrote one."""
-        path = Path(run["run_dir"]) / EXIT_CODE_FILE
         try:
-            code = int(path.read_text().strip())
+            code = int((Path(run["run_dir"]) / EXIT_CODE_FILE).read_text().strip())
         except (OSError, ValueError):
             return None, None  # the wrapper itself was killed: nothing to go on
-        if code == 0:
-            return None, None  # a clean exit wrote its own final status event
-        if code > 128:
-            name = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else str(code - 128)
-            return "failed", f"trainer process killed by {name} (exit code {code})"
-        last = _last_line(Path(run["run_dir"]) / STDOUT_FILE)
-        return "failed", f"trainer process exited with code {code}" + (f": {last}" if last else "")
+        return status_from_exit_code(code, Path(run["run_dir"]) / STDOUT_FILE, "trainer process")
 
 
-def _last_line(path: Path, max_bytes: int = 4096) -> str:
-    """The last non-empty line of a log (accelerate's launcher prints why its worker died there)."""
+def _add_descendants(known: dict[int, str], wrapper: int) -> None:
+    """Add the wrapper's current descendants to ``known`` (while the wrapper is still the same
+    process: a recycled pid's children are none of ours)."""
+    if _start_time(wrapper) == known[wrapper]:
+        known.update(_descendants(wrapper))
+
+
+def _wait_gone(pgid: int, wrapper: int, known: dict[int, str], timeout_s: float) -> bool:
+    """Poll until no process of the run is left (group and ``known``, which grows with descendants
+    started meanwhile); False if some are still there after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _add_descendants(known, wrapper)
+        if not _group_members(pgid) and not _survivors(known):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _kill(pid: int, sig: int) -> None:
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - max_bytes))
-            lines = [l.strip() for l in f.read().decode(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return ""
-    return lines[-1][-500:] if lines else ""
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -145,15 +211,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _group_exists(pgid: int) -> bool:
-    """Any live (non-zombie) process left in the group? Zombies count as gone: PID 1 in some
-    containers never reaps orphans, so ``killpg(pgid, 0)`` would report finished runs forever."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+def _free_port() -> int:
+    """A free TCP port for this run's rendezvous (two multi-process runs must not share 29500)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -10,6 +10,11 @@ and ``stdout.log``, and where this launcher reads them from (no streaming channe
 - cancel: ``scancel --signal=TERM`` (the trainer writes ``cancelled`` and exits), then a plain
   ``scancel`` after the grace period (SLURM's own TERM -> KILL sequence).
 - read_events: bytes of ``run_dir/events.jsonl`` after the ingested offset.
+- exit_status: sacct's final State and ExitCode (a failed job: its exit code and the last line of
+  stdout.log, as for the other targets).
+
+The allocation (nodes, GPUs per node, time, partition, account) comes from the settings' slurm
+section; the number of processes follows from it (nodes x GPUs per node).
 """
 
 from __future__ import annotations
@@ -19,42 +24,37 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from workbench.export.scripts import ExportError, SlurmOptions, sbatch_script
 from workbench.recipe import Recipe, RecipeError
-from workbench.runs.launchers.base import LAUNCHERS, EventChunk, LaunchError, Launcher, parse_events
+from workbench.runs.launchers.base import (EVENTS_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError, Launcher,
+                                           read_file_events, status_from_exit_code)
 
 SCRIPT_FILE = "job.sbatch"
-EVENTS_FILE = "events.jsonl"
 COMMAND_TIMEOUT_S = 30
 # squeue / sacct job states (squeue(1) "JOB STATE CODES"): these mean the job still holds or waits for nodes.
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
 # final sacct states -> the run status they imply when the trainer wrote no final event itself
+# (FAILED with a non-zero ExitCode is explained by the exit code instead, see exit_status)
 FINAL_STATES = {"COMPLETED": None, "CANCELLED": "cancelled", "FAILED": "failed", "TIMEOUT": "failed",
                 "OUT_OF_MEMORY": "failed", "NODE_FAIL": "failed", "PREEMPTED": "failed", "BOOT_FAIL": "failed",
                 "DEADLINE": "failed", "REVOKED": "failed"}
-_DEFAULTS = SimpleNamespace(partition="", account="", nodes=1, gpus_per_node=1, time="01:00:00")
 
 
-def slurm_settings(settings) -> object:
-    """The object holding partition/account/nodes/gpus_per_node/time: ``settings.slurm``
-    (workbench.runs.Settings), or ``settings`` itself when it carries those attributes."""
-    if settings is None:
-        return _DEFAULTS
-    return getattr(settings, "slurm", settings)
+class _NoAnswer(LaunchError):
+    """A SLURM command that did not answer in time (it may still have done its work)."""
 
 
-def _run(argv: list[str], *, cwd: str | None = None) -> subprocess.CompletedProcess:
+def _run(argv: list[str], *, cwd: str | None = None, timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run a SLURM client command; LaunchError when it is missing or hangs."""
     if shutil.which(argv[0]) is None:
         raise LaunchError(f"`{argv[0]}` is not on PATH: the slurm target needs SLURM's client commands "
                           "(run the workbench on a login node of the cluster)")
     try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise LaunchError(f"`{' '.join(argv)}` did not answer within {COMMAND_TIMEOUT_S} s") from None
+        raise _NoAnswer(f"`{' '.join(argv)}` did not answer within {timeout} s") from None
     except OSError as err:
         raise LaunchError(f"`{' '.join(argv)}` could not run: {err}") from None
 
@@ -65,21 +65,37 @@ def _first_word(text: str) -> str:
     return line.split()[0].rstrip("+") if line.split() else ""
 
 
+def _exit_code(field: str) -> int | None:
+    """sacct's ExitCode 'CODE:SIGNAL' as a shell exit status: '1:0' -> 1, '0:9' -> 137; None if unreadable."""
+    code, _, sig = field.strip().partition(":")
+    if not (code.isdigit() and sig.isdigit()):
+        return None
+    return 128 + int(sig) if int(sig) else int(code)
+
+
 @LAUNCHERS.register("slurm")
 class SlurmLauncher(Launcher):
     """``sbatch`` of the exported script; the job is followed with squeue / sacct."""
 
     scheme = "slurm"
+    alive_every_s = 15.0  # each check is a squeue call to the cluster's controller
+    command_timeout = COMMAND_TIMEOUT_S
 
     def options(self, run: dict) -> SlurmOptions:
-        """SlurmOptions of this run: Settings.slurm defaults, this interpreter, the run's directory."""
-        s = slurm_settings(self.settings)
+        """SlurmOptions of this run: the settings' slurm section, this interpreter, the run's directory."""
         try:
-            return SlurmOptions(nodes=int(s.nodes), gpus_per_node=int(s.gpus_per_node), time=str(s.time),
-                                partition=s.partition or "", account=s.account or "",
-                                python=sys.executable, run_dir=str(run["run_dir"]), job_name=str(run["id"]))
+            options = SlurmOptions(**self.settings.slurm.model_dump(), python=sys.executable,
+                                   run_dir=str(run["run_dir"]), job_name=str(run["id"]))
         except ExportError as err:
             raise LaunchError(f"cannot write the sbatch script: {err}") from None
+        requested = int((run.get("launch") or {}).get("num_processes", 1))
+        if requested > 1 and requested != options.processes:  # 1 is the launch default: "not chosen"
+            raise LaunchError(
+                f"run {run['id']}: num_processes={requested} does not match the SLURM layout of the settings "
+                f"(slurm.nodes={options.nodes} x slurm.gpus_per_node={options.gpus_per_node} = {options.processes} "
+                "process(es)); the slurm target takes its processes from that layout: change slurm.nodes / "
+                "slurm.gpus_per_node in the settings, or launch without a process count")
+        return options
 
     def script(self, run: dict) -> str:
         try:
@@ -99,13 +115,20 @@ class SlurmLauncher(Launcher):
         path = run_dir / SCRIPT_FILE
         path.write_text(text)
         path.chmod(0o755)
-        out = _run(["sbatch", "--parsable", str(path)], cwd=str(run_dir))
+        try:
+            out = _run(["sbatch", "--parsable", str(path)], cwd=str(run_dir), timeout=self.command_timeout)
+        except _NoAnswer as err:
+            # sbatch may have queued the job before it hung: the run is dropped here, so say how to find it
+            raise LaunchError(f"run {run['id']}: {err}; the job may have been submitted anyway (job name "
+                              f"{run['id']}): check with `squeue --name={run['id']}` and cancel it with "
+                              f"`scancel --name={run['id']}`") from None
         if out.returncode != 0:
             raise LaunchError(f"sbatch refused the job (exit {out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
         # --parsable prints "JOBID" or "JOBID;CLUSTER"
         job_id, _, cluster = out.stdout.strip().splitlines()[-1].partition(";") if out.stdout.strip() else ("", "", "")
         if not job_id.isdigit():
-            raise LaunchError(f"sbatch answered {out.stdout.strip()!r}, not a job id")
+            raise LaunchError(f"run {run['id']}: sbatch answered {out.stdout.strip()!r}, not a job id; check "
+                              f"`squeue --name={run['id']}` for a job it may have queued")
         return {"job_id": job_id, "cluster": cluster or None, "script": str(path)}
 
     # -- following the job -----------------------------------------------------------------------
@@ -120,19 +143,28 @@ class SlurmLauncher(Launcher):
         if not job_id:
             return ""
         try:
-            q = _run(["squeue", "-h", "-j", job_id, "-o", "%T", *self._cluster_args(run)])
+            q = _run(["squeue", "-h", "-j", job_id, "-o", "%T", *self._cluster_args(run)], timeout=self.command_timeout)
         except LaunchError:
             return None
         if q.returncode == 0 and q.stdout.strip():
             return _first_word(q.stdout)
         if q.returncode != 0 and "invalid job id" not in (q.stderr + q.stdout).lower():
             return None  # the controller did not answer: neither alive nor gone for sure
-        # Gone from the queue: accounting knows how it ended (-X: the allocation, not its steps).
+        return self._accounting(run)[0]  # gone from the queue: accounting knows how it ended
+
+    def _accounting(self, run: dict) -> tuple[str, int | None]:
+        """(State word, exit code) of the job's allocation from sacct (-X: not its steps);
+        ('', None) when there is no accounting record (or no accounting on this cluster)."""
+        job_id = (run.get("handle") or {}).get("job_id")
         try:
-            a = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State", *self._cluster_args(run)])
+            a = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode", *self._cluster_args(run)],
+                     timeout=self.command_timeout)
         except LaunchError:
-            return ""  # no accounting on this cluster: the job has left the queue, that is all we know
-        return _first_word(a.stdout) if a.returncode == 0 else ""
+            return "", None
+        if a.returncode != 0 or not a.stdout.strip():
+            return "", None
+        state, _, exit_code = a.stdout.strip().splitlines()[0].partition("|")
+        return _first_word(state), _exit_code(exit_code)
 
     def alive(self, run: dict) -> bool | None:
         state = self.state(run)
@@ -142,13 +174,16 @@ class SlurmLauncher(Launcher):
 
     def exit_status(self, run: dict) -> tuple[str | None, str | None]:
         """After the job is gone and the trainer wrote no final event: (status, error) from sacct."""
-        state = self.state(run) or ""
+        job_id = (run.get("handle") or {}).get("job_id")
+        if not job_id:
+            return None, None
+        state, code = self._accounting(run)
+        if state == "FAILED" and code:  # the batch script exits with the trainer's status
+            return status_from_exit_code(code, Path(run["run_dir"]) / STDOUT_FILE, f"SLURM job {job_id}")
         status = FINAL_STATES.get(state)
         if status is None:
             return None, None
-        job_id = (run.get("handle") or {}).get("job_id")
         return status, f"SLURM job {job_id} ended {state}; see stdout.log in the run directory"
-
     def cancel(self, run: dict, grace_s: float = 10.0) -> None:
         job_id = (run.get("handle") or {}).get("job_id")
         state = self.state(run)
@@ -170,17 +205,10 @@ class SlurmLauncher(Launcher):
         """scancel; LaunchError only if it failed *and* the job is not known to be gone (a job that
         ended meanwhile makes scancel complain, which is no failure of the cancel)."""
         job_id = run["handle"]["job_id"]
-        out = _run(["scancel", *options, *self._cluster_args(run), job_id])
+        out = _run(["scancel", *options, *self._cluster_args(run), job_id], timeout=self.command_timeout)
         if out.returncode != 0 and self.alive(run) is not False:
             raise LaunchError(f"scancel {' '.join(options)} {job_id} failed (exit {out.returncode}): "
                               f"{out.stderr.strip() or out.stdout.strip()}")
 
     def read_events(self, run: dict) -> EventChunk:
-        offset = int(run.get("events_offset") or 0)
-        try:
-            with open(Path(run["run_dir"]) / EVENTS_FILE, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            return EventChunk([], offset)
-        return parse_events(data, offset)
+        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0))

@@ -35,25 +35,23 @@ import atexit
 import os
 import re
 import shlex
-import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from workbench.export.commands import shell_join, train_command
-from workbench.runs.launchers.base import LAUNCHERS, EventChunk, LaunchError, Launcher, parse_events
+from pydantic import ConfigDict, ValidationError, field_validator
+
+from workbench.export.commands import ShellVar, shell_join, train_command
+from workbench.recipe import format_validation_error
+from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, ConfigError, EventChunk,
+                                           LaunchError, Launcher, parse_events, status_from_exit_code)
+from workbench.runs.settings import _NAME_PATTERN as NAME_PATTERN  # ssh host names (and safe run ids)
+from workbench.runs.settings import SSHHost
 from workbench.runs.store import TERMINAL_STATUSES
 
-EVENTS_FILE = "events.jsonl"
-STDOUT_FILE = "stdout.log"
-EXIT_CODE_FILE = "exit_code"
 SETUP_FAILED_CODE = 97  # exit_code written when the host's setup line fails (trainer never started)
-
-_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # the NAME in ssh://NAME
-_HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 
 # Remote shell helper: is any process of group $1 still running? Zombies do not count: where init
 # does not reap orphans (containers, microVMs), a finished wrapper lingers as a zombie and
@@ -65,11 +63,7 @@ _ALIVE_FN = (
 )
 
 
-# -- settings checks and quoting --------------------------------------------------------------------
-def _field_error(name: str, field_name: str, value, rule: str) -> LaunchError:
-    return LaunchError(f"ssh host {name!r}: {field_name}={value!r} is not allowed; {rule}")
-
-
+# -- the host entry and quoting ---------------------------------------------------------------------
 def remote_path_word(path: str) -> str:
     """A remote path as one shell word: quoted, except that a leading ``~`` / ``~/`` is ``"$HOME"``.
 
@@ -82,93 +76,73 @@ def remote_path_word(path: str) -> str:
     return shlex.quote(path)
 
 
-@dataclass(frozen=True)
-class HostConfig:
-    """One checked SSH host entry (see ``workbench.runs.settings.SSHHost`` for the fields)."""
+class HostConfig(SSHHost):
+    """One checked ssh host entry: the settings' SSHHost (hostname and user patterns, port range,
+    single-line paths, strict host key checking by default), plus the rules of how this launcher
+    uses the values. hostname and user become ssh arguments (SSHHost's strict patterns); remote
+    paths are quoted, so any single line is fine, with '~' expanded only as a leading '~/'."""
+
+    model_config = ConfigDict(frozen=True)
 
     name: str
-    hostname: str
-    user: str | None
-    port: int
-    identity_file: str | None
-    known_hosts: str | None
-    workdir: str
-    python: str
-    setup: str
-    strict_host_key_checking: bool
+    """The NAME of ``ssh://NAME`` (a key of Settings.ssh_hosts)."""
+
+    @field_validator("workdir", "python")
+    @classmethod
+    def _tilde(cls, value: str, info) -> str:
+        if value.startswith("~") and not (value == "~" or value.startswith("~/")):
+            raise ValueError(f"{info.field_name}={value!r} is not allowed; '~' is only expanded as a leading '~/' (no '~user')")
+        return value
+
+    @field_validator("known_hosts")
+    @classmethod
+    def _one_word(cls, value: str | None) -> str | None:
+        # it goes into `-o UserKnownHostsFile=`, which ssh splits on whitespace
+        if value is not None and not re.fullmatch(r"[^\s\0]+", value):
+            raise ValueError(f"known_hosts={value!r} is not allowed; a path without whitespace")
+        return value
+
+    @field_validator("identity_file")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c in value for c in "\n\r\0")):
+            raise ValueError(f"identity_file={value!r} is not allowed; a non-empty single-line path")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        # run as-is by design (admin-written), but no argv can carry a NUL byte
+        if "\0" in value:
+            raise ValueError(f"setup={value!r} is not allowed; shell text without NUL bytes")
+        return value
 
     @property
     def address(self) -> str:
         return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}"
 
 
-def _pattern(field_name: str, pattern: re.Pattern, rule: str, *, optional: bool = False):
-    def check(name: str, value):
-        if optional and value is None:
-            return None
-        if not isinstance(value, str) or not pattern.match(value):
-            raise _field_error(name, field_name, value, rule)
-        return value
-    return check
-
-
-def _line(field_name: str, *, path: bool = False, optional: bool = False):
-    """A non-empty single line; for remote paths, '~' only as a leading '~/' (what we expand)."""
-    def check(name: str, value):
-        if optional and value is None:
-            return None
-        if not isinstance(value, str) or not value or any(c in value for c in "\n\r\0"):
-            raise _field_error(name, field_name, value, "a non-empty single line")
-        if path and value.startswith("~") and not (value == "~" or value.startswith("~/")):
-            raise _field_error(name, field_name, value, "'~' is only expanded as a leading '~/' (no '~user')")
-        return value
-    return check
-
-
-def _port(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise _field_error(name, "port", value, "an integer 1-65535")
-    return value
-
-
-def _setup(name: str, value):
-    if not isinstance(value, str) or "\0" in value:
-        raise _field_error(name, "setup", value, "shell text without NUL bytes")
-    return value
-
-
-# field -> check(host name, value) returning the value to use. hostname and user become ssh
-# arguments: strict patterns. Remote paths are quoted, so any single line is fine. known_hosts goes
-# into `-o UserKnownHostsFile=`, which ssh splits on whitespace. setup is run as-is (admin-written).
-_FIELD_CHECKS: dict[str, Callable[[str, object], object]] = {
-    "hostname": _pattern("hostname", _HOSTNAME, "a DNS name or IP address: letters, digits, '.', '-', '_', "
-                         "starting with a letter or digit"),
-    "user": _pattern("user", _USER, "a POSIX user name ([A-Za-z_][A-Za-z0-9._-]*, at most 32 characters)", optional=True),
-    "port": _port,
-    "identity_file": _line("identity_file", optional=True),
-    "known_hosts": _pattern("known_hosts", re.compile(r"^[^\s\0]+$"),
-                            "a path without whitespace (ssh splits UserKnownHostsFile on spaces)", optional=True),
-    "workdir": _line("workdir", path=True),
-    "python": _line("python", path=True),
-    "setup": _setup,
-    "strict_host_key_checking": lambda name, value: bool(value),
-}
-
-
 def host_config(target: str, settings) -> HostConfig:
-    """The checked host entry of ``ssh://NAME``; LaunchError naming the field for anything unsafe."""
+    """The checked host entry of ``ssh://NAME``; ConfigError naming the field for anything unsafe.
+
+    The entry is validated here even when the settings already were: settings objects built with
+    ``model_construct`` or plain dicts skip their own checks, and these values reach ssh and a shell.
+    """
     name = target.split("://", 1)[1] if "://" in target else ""
     hosts = dict(getattr(settings, "ssh_hosts", None) or {})
-    if not _HOST_NAME.match(name):
-        raise LaunchError(f"target={target!r} is not allowed; use ssh://NAME with NAME one of the ssh hosts in "
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"target={target!r} is not allowed; use ssh://NAME with NAME one of the ssh hosts in "
                           f"settings: {', '.join(sorted(hosts)) or '(none configured)'}")
     if name not in hosts:
-        raise LaunchError(f"unknown ssh host {name!r} in target={target!r}; hosts in settings: "
+        raise ConfigError(f"unknown ssh host {name!r} in target={target!r}; hosts in settings: "
                           f"{', '.join(sorted(hosts)) or '(none configured; add one under ssh_hosts in settings.yaml)'}")
     host = hosts[name]
-    values = host.model_dump() if hasattr(host, "model_dump") else dict(host)
-    checked = {f: check(name, values.get(f)) for f, check in _FIELD_CHECKS.items()}
-    return HostConfig(name=name, **checked)
+    values = host.model_dump(warnings=False) if isinstance(host, SSHHost) else dict(host)
+    try:
+        return HostConfig.model_validate({**values, "name": name})
+    except ValidationError as err:
+        problems = format_validation_error(err, HostConfig).split("\n", 1)[1].strip()
+        raise ConfigError(f"ssh host {name!r}: {problems}") from None
 
 
 def ssh_argv(host: HostConfig, remote_script: str, *, connect_timeout: int = 10) -> list[str]:
@@ -184,6 +158,10 @@ def ssh_argv(host: HostConfig, remote_script: str, *, connect_timeout: int = 10)
     if host.user:
         argv += ["-l", host.user]
     return argv + ["--", host.hostname, "sh -c " + shlex.quote(remote_script)]
+
+
+class _NoAnswer(LaunchError):
+    """ssh did not finish in time: the remote command may still have run (or be running)."""
 
 
 # -- ssh failures -> clear errors ------------------------------------------------------------------
@@ -247,15 +225,20 @@ def start_script(run_dir_word: str, runs_root_word: str, run_sh: str) -> str:
     ])
 
 
-def wrapper_script(setup: str, train_words: str) -> str:
-    """run.sh: the run's process-group leader. ``setup`` is the admin's line, run as-is."""
+def wrapper_script(setup: str, python_word: str, train_words: str) -> str:
+    """run.sh: the run's process-group leader. ``setup`` is the admin's line, run as-is.
+
+    ``train_words`` may use ``$WB_RUN_DIR`` (the run dir), ``$WB_RECIPE`` (its recipe.yaml) and
+    ``$WB_PYTHON`` (``python_word``, set after the setup line so that it cannot change it).
+    """
     lines = ["echo $$ > pgid", f"exec > {STDOUT_FILE} 2>&1 < /dev/null", "export PYTHONUNBUFFERED=1"]
     if setup.strip():
         lines += ["# host setup line (from the workbench settings, run as-is):", setup,
                   f"rc=$?; if [ $rc -ne 0 ]; then echo \"workbench: the host's setup line failed (exit $rc)\"; "
                   f"echo {SETUP_FAILED_CODE} > {EXIT_CODE_FILE}; exit {SETUP_FAILED_CODE}; fi",
                   'cd -- "$WB_RUN_DIR"']  # the setup line may have changed directory
-    lines += [train_words, f"echo $? > {EXIT_CODE_FILE}"]
+    lines += [f"WB_PYTHON={python_word}", 'WB_RECIPE="$WB_RUN_DIR"/recipe.yaml', train_words,
+              f"echo $? > {EXIT_CODE_FILE}"]
     return "\n".join(["WB_RUN_DIR=$(pwd)", *lines])
 
 
@@ -381,13 +364,14 @@ class SSHLauncher(Launcher):
     """``accelerate launch -m workbench train`` on an SSH host, detached with ``setsid nohup``."""
 
     scheme = "ssh"
+    alive_every_s = 5.0  # each check is an ssh connection (a handshake), not a /proc read
     connect_timeout = 10  # seconds for ssh to reach the host
     command_timeout = 60  # seconds for a short remote command (start, alive, read)
     follow = True  # keep a `tail -F` stream open per active run between reads
 
     def __init__(self, target: str, settings) -> None:
         super().__init__(target, settings)
-        self.host = host_config(target, settings)  # unknown / hostile host entry -> LaunchError now
+        self.host = host_config(target, settings)  # unknown / hostile host entry -> ConfigError now
 
     # ssh plumbing
     def _ssh(self, script: str, *, stdin: bytes | None = None, timeout: float | None = None) -> bytes:
@@ -397,8 +381,8 @@ class SSHLauncher(Launcher):
             proc = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True,
                                   timeout=timeout or self.command_timeout)
         except subprocess.TimeoutExpired:
-            raise LaunchError(f"ssh host {self.host.name!r} ({self.host.address}): no answer within "
-                              f"{timeout or self.command_timeout} s") from None
+            raise _NoAnswer(f"ssh host {self.host.name!r} ({self.host.address}): no answer within "
+                            f"{timeout or self.command_timeout} s") from None
         except OSError as err:
             raise LaunchError(f"cannot run the ssh client ({err}); install OpenSSH's `ssh`") from err
         stderr = proc.stderr.decode(errors="replace")
@@ -418,31 +402,38 @@ class SSHLauncher(Launcher):
 
     # Launcher interface
     def train_words(self, run: dict) -> str:
-        """The remote trainer command as shell text (python's leading ``~/`` expanded remotely)."""
+        """The remote trainer command as shell text over the wrapper's $WB_PYTHON, $WB_RECIPE, $WB_RUN_DIR."""
         launch = run.get("launch") or {}
-        argv = train_command("@RECIPE@", "@RUNDIR@", python="@PYTHON@", stdout_events=True,
-                             num_processes=int(launch.get("num_processes", 1)), cpu=bool(launch.get("cpu", False)),
+        # No --cpu: the host trains on what it has (accelerate uses its GPUs, or the CPU where there are none).
+        argv = train_command(ShellVar("WB_RECIPE"), ShellVar("WB_RUN_DIR"), python=ShellVar("WB_PYTHON"),
+                             stdout_events=True, num_processes=int(launch.get("num_processes", 1)), cpu=False,
                              mixed_precision=str(launch.get("mixed_precision", "no")))
-        # placeholders are shlex-safe words, replaced by expanding words after quoting the rest
-        return (shell_join(argv).replace("@PYTHON@", remote_path_word(self.host.python))
-                .replace("@RECIPE@", '"$WB_RUN_DIR"/recipe.yaml').replace("@RUNDIR@", '"$WB_RUN_DIR"'))
+        return shell_join(argv)
 
     def start(self, run: dict) -> dict:
         run_id = str(run["id"])
-        if not _HOST_NAME.match(run_id) or ".." in run_id:
+        if not NAME_PATTERN.match(run_id) or ".." in run_id:
             raise LaunchError(f"run id={run_id!r} is not allowed as a remote directory name")
         root = self.host.workdir.rstrip("/") or "/"
-        runs_root = remote_path_word(f"{root}/runs")
-        run_dir = remote_path_word(f"{root}/runs/{run_id}")
-        script = start_script(run_dir, runs_root, wrapper_script(self.host.setup, self.train_words(run)))
+        remote = f"{root}/runs/{run_id}"
+        run_sh = wrapper_script(self.host.setup, remote_path_word(self.host.python), self.train_words(run))
+        script = start_script(remote_path_word(remote), remote_path_word(f"{root}/runs"), run_sh)
         recipe = run.get("recipe")
         if recipe is None:
             recipe = (Path(run["run_dir"]) / "recipe.yaml").read_text()
-        out = self._ssh(script, stdin=recipe.encode()).decode().strip().splitlines()
+        # A start that fails after the remote side began may leave a running run behind, while the
+        # caller drops it locally: such errors say where it is and how to end it.
+        may_run = (f"run {run_id} may have started anyway in {remote} on ssh host {self.host.name!r}; "
+                   f"end it there with `kill -TERM -$(cat {remote_path_word(remote + '/pgid')})`")
+        try:
+            out = self._ssh(script, stdin=recipe.encode()).decode().strip().splitlines()
+        except _NoAnswer as err:
+            raise LaunchError(f"{err} while starting run {run_id}; {may_run}") from None
         try:
             remote_dir, pgid = out[-2], int(out[-1])
         except (IndexError, ValueError):
-            raise LaunchError(f"ssh host {self.host.name!r}: unexpected answer when starting the run: {out!r}") from None
+            raise LaunchError(f"ssh host {self.host.name!r}: unexpected answer when starting the run: {out!r}; "
+                              f"{may_run}") from None
         return {"host": self.host.name, "remote_dir": remote_dir, "pgid": pgid, "pid": pgid,
                 "events_file": f"{remote_dir}/{EVENTS_FILE}"}
 
@@ -488,13 +479,11 @@ class SSHLauncher(Launcher):
             code = int(text)
         except ValueError:
             return None, None  # the wrapper itself was killed
-        if code == 0:
-            return None, None  # a clean exit wrote its own final status event
         if code == SETUP_FAILED_CODE:
             return "failed", f"the setup line of ssh host {self.host.name!r} failed; see {remote_dir}/{STDOUT_FILE}"
-        if code > 128 and code - 128 in signal.Signals._value2member_map_:
-            return "failed", f"remote trainer killed by {signal.Signals(code - 128).name} (exit code {code})"
-        return "failed", f"remote trainer exited with code {code}; see {remote_dir}/{STDOUT_FILE} on {self.host.name}"
+        # the log is on the host: name it rather than read its last line
+        return status_from_exit_code(code, None, f"remote trainer on ssh host {self.host.name!r} "
+                                                 f"(log: {remote_dir}/{STDOUT_FILE})")
 
     def check_host(self) -> str:
         """Connect, run the host's setup line and import the workbench with its python ("Test connection").

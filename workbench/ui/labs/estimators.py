@@ -12,7 +12,7 @@ from typing import Callable
 
 import streamlit as st
 
-from workbench.core import PolicyLossConfig, advantages as core_adv, policy_losses as core_pl
+from workbench.core import LOSS_AGGREGATIONS, PolicyLossConfig, advantages as core_adv, policy_losses as core_pl
 from workbench.recipe import load_recipe
 from workbench.ui.labs._shared import launch_button
 from workbench.viz import lab_estimators as viz
@@ -36,7 +36,8 @@ CLIP_EQ = (r"J(\theta) = \frac{1}{G}\sum_i \frac{1}{|o_i|}\sum_t \min\big(\rho_{
            r"\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_i\big) - \beta\, \mathrm{KL}_t")
 
 WALKTHROUGHS: dict[str, Walkthrough] = {w.key: w for w in (
-    Walkthrough("grpo", "GRPO", "grpo", (GRPO_EQ, CLIP_EQ), (core_adv.grpo_advantages, core_pl.clip_policy_loss),
+    Walkthrough("grpo", "GRPO", "grpo", (GRPO_EQ, CLIP_EQ),
+                (core_adv.grpo_advantages, core_pl.clip_policy_loss, core_pl.clipped_objective),
                 "Group-standardised rewards (DeepSeekMath, Shao et al. 2024), PPO clip, per-sequence mean, k3 KL in the loss.",
                 biases=("std", "length")),
     Walkthrough("dr_grpo", "Dr. GRPO", "dr_grpo",
@@ -61,7 +62,7 @@ WALKTHROUGHS: dict[str, Walkthrough] = {w.key: w for w in (
     Walkthrough("gspo", "GSPO", "gspo",
                 (r"s_i = \exp\Big(\frac{1}{|o_i|}\sum_t \log\frac{\pi_\theta(o_{i,t})}{\pi_{old}(o_{i,t})}\Big)",
                  r"J = \frac{1}{G}\sum_i \min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\varepsilon, 1+\varepsilon) A_i\big)"),
-                (core_pl.sequence_log_ratio, core_pl.gspo_policy_loss),
+                (core_pl.sequence_log_ratio, core_pl.gspo_policy_loss, core_pl.clipped_objective),
                 "One length-normalised sequence ratio, clipped per sequence (Zheng et al. 2025).", inputs="ratios"),
     Walkthrough("cispo", "CISPO", "cispo",
                 (r"J = \frac{1}{\sum_i |o_i|}\sum_{i,t} \operatorname{sg}\big(\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{low}, 1+\varepsilon_{high})\big) A_i \log\pi_\theta(o_{i,t})",),
@@ -84,7 +85,8 @@ def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
         return [], False
     st.dataframe(table, hide_index=True, key=f"{w.key}_adv_table")
     st.plotly_chart(viz.advantages_figure(table), key=f"{w.key}_adv_fig")
-    return [f"sampling.num_generations={int(G)}", f"algorithm.adv_eps={eps}"], int(G) >= 2
+    # G = 1 is the recipe's to refuse (group estimators need a baseline; PPO with GAE does not)
+    return [f"sampling.num_generations={int(G)}", f"algorithm.adv_eps={eps}"], True
 
 
 def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
@@ -107,11 +109,20 @@ def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
     return [f"algorithm.gamma={gamma}", f"algorithm.lam={lam}", *overrides], ok
 
 
+# The sliders of the ratios block as recipe overrides of the walkthrough's own loss: (eps, cap) ->
+# overrides. eps_low = 1 for CISPO: the lab's weight has no lower bound, as in the preset.
+RATIO_OVERRIDES: dict[str, Callable[[float, float], list[str]]] = {
+    "gspo": lambda eps, cap: [f"algorithm.eps_low={eps}", f"algorithm.eps_high={eps}"],
+    "cispo": lambda eps, cap: ["algorithm.eps_low=1.0", f"algorithm.eps_high={cap}"],
+}
+
+
 def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
     text = st.text_input("Per-token log-ratios log(pi/pi_old) of one sequence", "0.0, 0.1, 0.5, -0.1, 2.0", key=f"{w.key}_lr")
     c1, c2, c3 = st.columns(3)
     adv = c1.slider("Advantage A", -2.0, 2.0, 1.0, 0.1, key=f"{w.key}_A")
-    eps = c2.slider("eps (clip & GSPO)", 0.0, 0.5, 0.2, 0.01, key=f"{w.key}_eps_clip")
+    eps = c2.slider("eps (clip & GSPO)", 0.0, 0.5, 0.2, 0.01, key=f"{w.key}_eps_clip",
+                    help="eps_low = eps_high = eps; the GSPO paper uses 3e-4 / 4e-4 on its sequence ratio")
     cap = c3.slider("CISPO eps_high", 0.0, 4.0, 0.28, 0.01, key=f"{w.key}_cispo_high")
     try:
         table = viz.per_token_policy_gradients(viz.parse_numbers(text, "log-ratios"), adv, PolicyLossConfig(eps, eps),
@@ -125,7 +136,8 @@ def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
                "its geometric-mean ratio s (one outlier token moves s only by 1/|o|); CISPO clips the weight but every "
                "token keeps a gradient.")
     st.markdown("**Advantages of all estimators on one group**")
-    return _rewards_block(w)
+    overrides, ok = _rewards_block(w)
+    return [*overrides, *RATIO_OVERRIDES[w.key](eps, cap)], ok
 
 
 INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_block}
@@ -134,8 +146,11 @@ INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_
 def _biases(w: Walkthrough) -> None:
     st.subheader("Known biases, worked")
     if "std" in w.biases or not w.biases:
-        st.markdown("**Std normalisation favours low-variance groups.** A correct answer in a group that is almost all wrong "
-                    "(or all right) gets a larger advantage than the same answer in a balanced group:")
+        st.markdown("**Std normalisation rescales each group by its own spread.** In a group of 4, the rare answer, "
+                    "right or wrong, gets |A| = 1.5: a lone correct answer 1.5, a correct answer in an almost-all-right "
+                    "group only 0.50, against 0.87 in a balanced group. And the std cancels the scale: rewards "
+                    "0.1, 0, 0, 0 give the same 1.5 as 1, 0, 0, 0, so a tiny (perhaps noisy) reward difference is "
+                    "pushed as hard as a real one. Dr. GRPO keeps the scale (0.075 against 0.75):")
         st.dataframe(viz.std_bias_example(), hide_index=True, key=f"{w.key}_std_bias")
     if "length" in w.biases or not w.biases:
         st.markdown("**Length bias of per-sequence averaging.** A correct 4-token answer (+A) and a wrong 7-token answer "
@@ -150,13 +165,14 @@ def render_walkthrough(key: str) -> None:
     st.caption(w.summary)
     for eq in w.equations:
         st.latex(eq)
+    aggregation = LOSS_AGGREGATIONS.get(load_recipe(w.preset).algorithm.aggregation)  # the preset's, by name
     with st.expander("The implementation the engine trains with (inspect.getsource)"):
-        st.code(viz.source_of(*w.functions), language="python")
+        st.code(viz.source_of(*w.functions, aggregation), language="python")
     overrides, launchable = INPUT_BLOCKS[w.inputs](w)
     _biases(w)
     st.subheader("Try it")
     if not launchable:
-        st.caption("A group baseline needs G >= 2 to launch a run.")
+        st.caption("Fix the inputs above to launch a run with them.")
         return
     try:
         recipe = load_recipe(w.preset, [*overrides, "train.steps=20", *w.extra_overrides])

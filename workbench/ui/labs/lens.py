@@ -21,7 +21,8 @@ def render() -> None:
     if store is None:
         return
     with st.expander("Launch a short run with the lens on"):
-        st.caption("GRPO, 20 steps, lens every 2 steps (about doubles the step time on the tiny model, so it is off by default).")
+        st.caption("GRPO, 20 steps, lens every 2 steps. Each lens evaluation costs about 9 training steps on the tiny "
+                   "CPU model (bench/lens_bench.py measured 8.75x), so the lens is off by default.")
         launch_button([load_recipe("grpo", ["train.steps=20", "train.mu=2", "logging.lens_every=2"])], key="lens_launch",
                       label="Launch GRPO with the lens")
     run_ids = pick_runs(store, key="lens_run", label="Run", multi=False)

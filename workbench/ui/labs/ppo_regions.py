@@ -20,14 +20,15 @@ def _analytic() -> None:
     c = c3.slider("c", 1.05, 5.0, 2.0, 0.05, key="ppo_c", disabled=not use_c)
     adv = c4.slider("|A|", 0.1, 3.0, 1.0, 0.1, key="ppo_adv")
     g1, g2, g3 = st.columns(3)
-    gspo_low = g1.number_input("GSPO eps_low", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_low",
-                               help="The paper uses 3e-4 on its sequence ratio; widened here so the band is visible")
-    gspo_high = g2.number_input("GSPO eps_high", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_high")
+    gspo_help = "The paper uses eps_low = 3e-4 and eps_high = 4e-4 on its sequence ratio; widened here so the band is visible"
+    gspo_low = g1.number_input("GSPO eps_low", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_low", help=gspo_help)
+    gspo_high = g2.number_input("GSPO eps_high", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_high", help=gspo_help)
     cispo_high = g3.slider("CISPO eps_high (weight cap 1 + eps_high)", 0.0, 4.0, 0.28, 0.01, key="ppo_cispo_high")
-    if use_c and c <= 1.0 + eps_high:
-        st.error(f"dual clip c={c} must be greater than 1 + eps_high = {1 + eps_high:g}; raise c or lower eps_high")
+    try:  # the config checks its own fields (clip_c > 1 + eps_high) and names them
+        cfg = PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, clip_c=c if use_c else None)
+    except ValueError as err:
+        st.error(str(err))
         return
-    cfg = PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, clip_c=c if use_c else None)
     curves = viz.analytic_curves(cfg, gspo=PolicyLossConfig(eps_low=gspo_low, eps_high=gspo_high),
                                  cispo=PolicyLossConfig(eps_low=1.0, eps_high=cispo_high), advantages=(adv, -adv))
     st.plotly_chart(viz.analytic_figure(curves, cfg), key="ppo_analytic")
