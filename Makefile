@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet -c constraints.txt
 
-.PHONY: app test bench venv clean
+.PHONY: app test bench venv clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,11 +32,20 @@ $(VENV)/.stamp-bench: requirements-bench.txt constraints.txt $(VENV)/.stamp-vllm
 
 venv: $(VENV)/.stamp-runtime
 
+# The server flags live here, not only in .streamlit/config.toml (read from the current folder only):
+# without --server.fileWatcherType none Streamlit watches .venv and the run directories.
+SERVER_FLAGS := --server.headless true --server.address 127.0.0.1 --browser.gatherUsageStats false --server.fileWatcherType none
+PORT ?= 8501
+
 app: $(VENV)/.stamp-runtime
-	$(BIN)/streamlit run app.py --server.headless true --server.address 127.0.0.1 --browser.gatherUsageStats false
+	$(BIN)/streamlit run app.py $(SERVER_FLAGS) --server.port $(PORT)
 
 test: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
 	$(BIN)/python -m pytest -q tests
+
+# The README's pictures (docs/*.png) from the browser test; tests alone never write into docs/.
+screenshots: $(VENV)/.stamp-dev
+	WB_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/e2e/test_browser.py::test_launch_watch_cancel_export
 
 bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/core_bench.py

@@ -10,6 +10,7 @@ checked against *both* references before it is timed. One CPU thread.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -17,8 +18,14 @@ import torch
 from workbench.core import AdvantageConfig, PolicyLossConfig, aggregate_loss, compute_advantages, compute_policy_loss
 
 
-def best_time(fn, repeats: int) -> float:
-    return min(timed(fn)[0] for _ in range(repeats))
+def times(fn, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` calls (the best is the figure; min / median / max its spread)."""
+    return [timed(fn)[0] for _ in range(repeats)]
+
+
+def spread_ms(seconds: list[float]) -> str:
+    """min/median/max in ms."""
+    return "/".join(f"{x * 1e3:.2f}" for x in (min(seconds), statistics.median(seconds), max(seconds)))
 
 
 def timed(fn):
@@ -189,9 +196,9 @@ def main() -> None:
         reference once: its checked result is the one it was timed producing)."""
         ts, seq_out = timed(seq_ref)
         check_close(name, pick(vec()), {"pure Python": ref(), "per-seq torch": seq_out}, atol, rtol)
-        tv = best_time(vec, args.repeats)
-        tr = best_time(ref, max(1, args.repeats // 2))
-        rows.append((name, tv * 1e3, ts * 1e3, ts / tv, tr * 1e3, tr / tv))
+        tvs, trs = times(vec, args.repeats), times(ref, max(1, args.repeats // 2))
+        tv, tr = min(tvs), min(trs)
+        rows.append((name, tv * 1e3, ts * 1e3, ts / tv, tr * 1e3, tr / tv, spread_ms(tvs), spread_ms(trs)))
 
     gae_cfg = AdvantageConfig(gamma=0.99, lam=0.95)
     gae_vec = lambda: compute_advantages("gae", rewards, mask, gae_cfg, values=values)  # noqa: E731
@@ -223,12 +230,15 @@ def main() -> None:
     bench("policy loss clip (+ diagnostics)", clip_vec, clip_ref, lambda: seq_torch_clip_loss(logp, old, adv, mask, 0.2),
           pick=lambda out: out[0])
 
-    print(f"workbench.core on B={B} T={T}, 1 thread (best of {args.repeats}); references on the same data:")
+    print(f"workbench.core on B={B} T={T}, 1 thread (best of {args.repeats}; pure Python best of {max(1, args.repeats // 2)}, "
+          "per-seq torch timed once); references on the same data:")
     print("  per-seq torch = the equations coded one sequence (and, for recurrences, one token) at a time on tensors")
     print("  pure Python   = the same loops on Python floats, lists converted beforehand (conversion not timed)")
-    print(f"{'function':36s} {'vectorised ms':>13s} {'per-seq torch ms':>17s} {'speed-up':>9s} {'pure Python ms':>15s} {'speed-up':>9s}")
-    for name, tv, ts, rs, tr, rr in rows:
-        print(f"{name:36s} {tv:13.2f} {ts:17.1f} {rs:8.0f}x {tr:15.1f} {rr:8.1f}x")
+    print("  spread: min/median/max ms of the repeats of the vectorised and the pure Python timings")
+    print(f"{'function':36s} {'vectorised ms':>13s} {'per-seq torch ms':>17s} {'speed-up':>9s} {'pure Python ms':>15s} {'speed-up':>9s}"
+          f"  {'vectorised spread':>20s} {'pure Python spread':>24s}")
+    for name, tv, ts, rs, tr, rr, sv, sr in rows:
+        print(f"{name:36s} {tv:13.2f} {ts:17.1f} {rs:8.0f}x {tr:15.1f} {rr:8.1f}x  {sv:>20s} {sr:>24s}")
 
 if __name__ == "__main__":
     main()

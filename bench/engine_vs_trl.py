@@ -13,15 +13,16 @@ Prints:
 1. seconds per step of TRL and of the workbench (steady state: wall time between the ends of
    step ``warmup`` and the last step, divided by the steps in between; the two alternate for
    ``--rounds`` rounds and the best round of each counts) and their ratio (target: workbench
-   <= 0.67x TRL);
+   <= 0.67x TRL), with every round's time and the min/median/max of the per-round ratios;
 2. the engine's overhead on identical batches: for each step s, the rollout alone
    (``Trainer.rollout(s)``), a bare forward + backward of the policy on that rollout (HF forward,
    log-softmax gather, masked mean, backward; no optimiser step), then the full
    ``Trainer.step(s)``, which regenerates the same completions (same weights, same seed).
-   Overhead = sum(step) / sum(rollout + forward-backward) (target <= 1.2);
+   Overhead = sum(step) / sum(rollout + forward-backward) (target <= 1.2), with the min/median/max
+   of the per-step ratios;
 3. generation throughput, vLLM (in-process, weights synced each call, as in training) vs HF
-   ``generate``, on the same prompts: valid completion tokens per second; and the workbench's
-   s/step with ``train.rollout=vllm``.
+   ``generate``, on the same prompts: valid completion tokens per second (min/median/max over the
+   repeats); and the workbench's s/step with ``train.rollout=vllm`` (one run).
 
 vLLM is imported last so that nothing it changes in the process touches the TRL / HF timings.
 """
@@ -41,6 +42,11 @@ from pathlib import Path
 import torch
 
 torch.set_num_threads(1)
+
+
+def spread(values: list[float], fmt: str = ".4f") -> str:
+    """min/median/max of a figure's repeats."""
+    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 def steady_state(ends: list[float], warmup: int) -> float:
@@ -158,13 +164,13 @@ def engine_overhead(args, dataset: Path, run_dir: Path) -> dict[str, float]:
             gen.append(t1 - t0), fb.append(t2 - t1), step.append(t3 - t2)
     trainer.events.close()
     return {"generation": statistics.mean(gen), "forward_backward": statistics.mean(fb), "step": statistics.mean(step),
-            "overhead": sum(step) / (sum(gen) + sum(fb))}
+            "overhead": sum(step) / (sum(gen) + sum(fb)), "per_step": [s / (g + f) for s, g, f in zip(step, gen, fb)]}
 
 
 # ---- generation throughput -------------------------------------------------------------------
 
 
-def generation_throughput(args, rows, model_dir: str) -> dict[str, float]:
+def generation_throughput(args, rows, model_dir: str) -> dict[str, tuple[float, list[float]]]:
     """Valid completion tokens per second, HF generate vs the vLLM backend, same prompts."""
     from workbench.engine.rollout import ROLLOUT_BACKENDS, hf_generate
     from workbench.engine.tiny import load_model_and_tokenizer
@@ -173,15 +179,16 @@ def generation_throughput(args, rows, model_dir: str) -> dict[str, float]:
     prompts = [r["prompt"] for r in rows[: args.gen_prompts]]
     sampling = dict(temperature=1.0, top_p=1.0, max_new_tokens=args.gen_len)
 
-    def tokens_per_s(generate) -> float:
+    def tokens_per_s(generate) -> tuple[float, list[float]]:
+        """(all tokens / all seconds, tokens per second of each repeat)."""
         generate(seed=0)  # warm-up (first-call allocations, vLLM's first batch)
-        tokens, seconds = 0.0, 0.0
+        tokens, seconds = [], []
         for seed in range(1, args.gen_repeats + 1):
             t0 = time.perf_counter()
             out = generate(seed=seed)
-            seconds += time.perf_counter() - t0
-            tokens += float(out.completion_mask.sum())
-        return tokens / seconds
+            seconds.append(time.perf_counter() - t0)
+            tokens.append(float(out.completion_mask.sum()))
+        return sum(tokens) / sum(seconds), [t / s for t, s in zip(tokens, seconds)]
 
     hf = tokens_per_s(lambda seed: hf_generate(model, tok, prompts, seed=seed, **sampling))
     backend = ROLLOUT_BACKENDS.get("vllm")(model_dir, precision="fp32", seed=0)
@@ -237,15 +244,19 @@ def main() -> None:
                 print(f"{label} {min(times[key]):.4f} s/step   (rounds: {', '.join(f'{t:.4f}' for t in times[key])}; "
                       f"reward first/last 5 steps: {statistics.mean(rw[:5]):.3f} / {statistics.mean(rw[-5:]):.3f})", flush=True)
         if times["trl"]:
-            print(f"ratio workbench / TRL   {min(times['wb']) / min(times['trl']):.3f}x   (target <= 0.67)", flush=True)
+            per_round = [w / t for w, t in zip(times["wb"], times["trl"])]
+            print(f"ratio workbench / TRL   {min(times['wb']) / min(times['trl']):.3f}x best / best; per round (alternating "
+                  f"pairs) min/median/max {spread(per_round, '.3f')}; median / median "
+                  f"{statistics.median(times['wb']) / statistics.median(times['trl']):.3f}x   (target <= 0.67)", flush=True)
         o = engine_overhead(args, dataset, tmp / "overhead")
         print(f"engine overhead         {o['overhead']:.3f}   = step {o['step']:.4f} s / (rollout {o['generation']:.4f} s "
-              f"+ forward-backward {o['forward_backward']:.4f} s)   (target <= 1.2)", flush=True)
+              f"+ forward-backward {o['forward_backward']:.4f} s); per step min/median/max {spread(o['per_step'], '.3f')}   (target <= 1.2)", flush=True)
         tput = generation_throughput(args, rows, model_dir)
-        print(f"generation, {args.gen_prompts} prompts x <= {args.gen_len} tokens: HF {tput['hf']:.0f} tok/s, "
-              f"vLLM {tput['vllm']:.0f} tok/s, vLLM / HF {tput['vllm'] / tput['hf']:.2f}x", flush=True)
+        (hf, hf_rep), (vl_tok, vl_rep) = tput["hf"], tput["vllm"]
+        print(f"generation, {args.gen_prompts} prompts x <= {args.gen_len} tokens: HF {hf:.0f} tok/s (repeats min/median/max "
+              f"{spread(hf_rep, '.0f')}), vLLM {vl_tok:.0f} tok/s ({spread(vl_rep, '.0f')}), vLLM / HF {vl_tok / hf:.2f}x", flush=True)
         vl, vl_rewards = run_workbench(args, dataset, tmp / "wb_vllm", rollout="vllm")
-        print(f"workbench (vllm rollout) {vl:.4f} s/step  (reward first/last 5: "
+        print(f"workbench (vllm rollout) {vl:.4f} s/step, one run  (reward first/last 5: "
               f"{statistics.mean(vl_rewards[:5]):.3f} / {statistics.mean(vl_rewards[-5:]):.3f})", flush=True)
 
 

@@ -1,6 +1,6 @@
 """What a first-time user sees: learning within minutes on this CPU, and the length probe.
 
-    python bench/learning_bench.py [--part quick|length|both]
+    python bench/learning_bench.py [--part quick|length|presets|all] [--seeds 0 1 2] [--set key=value ...]
 
 1. quick: the app's *Quick comparison* (``quickstart_recipes()``: GRPO, RLOO, PPO on
    ``arithmetic_drill``) launched as one comparison group through ``workbench.runs`` — three
@@ -85,17 +85,50 @@ def length() -> None:
               f"{time.time() - t0:.0f} s")
 
 
+def _fifths_gain(values: list[float]) -> float:
+    """Mean of the last fifth - mean of the first fifth."""
+    k = max(1, len(values) // 5)
+    return statistics.mean(values[-k:]) - statistics.mean(values[:k])
+
+
+def presets(seeds: list[int], overrides: list[str]) -> None:
+    from workbench.engine.events import read_events
+    from workbench.engine.trainer import train
+    from workbench.recipe import load_recipe, preset_names
+
+    home = _home()
+    print(f"Every preset with its defaults{' + ' + ' '.join(overrides) if overrides else ''}, seeds {seeds}; "
+          "reward gain = last fifth - first fifth:")
+    for name in preset_names():
+        gains, seconds = [], []
+        for seed in seeds:
+            recipe = load_recipe(name, [*overrides, f"train.seed={seed}"])
+            run_dir = home / "runs" / f"{name}-{seed}"
+            t0 = time.time()
+            train(recipe, run_dir)
+            seconds.append(time.time() - t0)
+            gains.append(_fifths_gain([e["metrics"]["reward"] for e in read_events(run_dir) if e["kind"] == "metrics"]))
+        sd = statistics.stdev(gains) if len(gains) > 1 else float("nan")
+        print(f"  {name:12s} {recipe.task} {recipe.train.steps} steps: gains {' '.join(f'{g:+.3f}' for g in gains)}; "
+              f"mean {statistics.mean(gains):+.3f} +- {sd:.3f}, min {min(gains):+.3f}; "
+              f"{statistics.mean(seconds):.0f} s per run ({min(seconds):.0f}-{max(seconds):.0f})", flush=True)
+
+
 def main() -> None:
     import torch
 
     torch.set_num_threads(1)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["quick", "length", "both"], default="both")
-    part = parser.parse_args().part
-    if part in ("quick", "both"):
+    parser.add_argument("--part", choices=["quick", "length", "presets", "all"], default="all")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="presets: one run per seed")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="presets: overrides for every preset")
+    args = parser.parse_args()
+    if args.part in ("quick", "all"):
         quick()
-    if part in ("length", "both"):
+    if args.part in ("length", "all"):
         length()
+    if args.part in ("presets", "all"):
+        presets(args.seeds, args.set)
 
 
 if __name__ == "__main__":

@@ -47,13 +47,13 @@ def main() -> None:
     off = run(args.preset, base, home / "off")
     on = run(args.preset, [*base, "logging.lens_every=1"], home / "on")
     skip = 1  # the first step pays one-off costs (allocations, caches)
-    t_off = statistics.median(m["perf/step_time"] for m in off[skip:])
-    t_on = statistics.median(m["perf/step_time"] for m in on[skip:])
-    t_lens = statistics.median(m["perf/lens_time"] for m in on[skip:])
+    series = {"step time, lens off": [m["perf/step_time"] for m in off[skip:]],
+              "step time, lens on ": [m["perf/step_time"] for m in on[skip:]],
+              "lens time          ": [m["perf/lens_time"] for m in on[skip:]]}
+    t_off, t_on, t_lens = (statistics.median(v) for v in series.values())
     print(f"preset={args.preset} steps={args.steps} overrides={args.set} device={'cuda' if torch.cuda.is_available() else 'cpu'}")
-    print(f"median step time, lens off : {t_off * 1e3:8.1f} ms")
-    print(f"median step time, lens on  : {t_on * 1e3:8.1f} ms")
-    print(f"median lens time           : {t_lens * 1e3:8.1f} ms")
+    for label, v in series.items():
+        print(f"median {label}: {statistics.median(v) * 1e3:8.1f} ms   (min {min(v) * 1e3:.1f}, max {max(v) * 1e3:.1f}, n={len(v)})")
     print(f"lens / step (lens off)     : {t_lens / t_off:8.2f}  (> 0.30: keep logging.lens_every = 0 by default)")
     print(f"step on / step off         : {t_on / t_off:8.2f}")
     shutil.rmtree(home, ignore_errors=True)

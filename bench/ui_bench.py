@@ -93,7 +93,7 @@ def latency(steps: int) -> list[float]:
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address",
-             "127.0.0.1", "--server.port", str(port)], cwd=ROOT, env={**os.environ, "WORKBENCH_HOME": tmp},
+             "127.0.0.1", "--server.port", str(port), "--server.fileWatcherType", "none"], cwd=ROOT, env={**os.environ, "WORKBENCH_HOME": tmp},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out = []
         try:

@@ -112,14 +112,16 @@ DEFINING = {
     },
 }
 
-# What every preset shares so that it runs on the tiny model on a 2-core CPU in seconds.
+# What every preset shares so that it runs on the tiny model on a 2-core CPU in seconds and its
+# reward rises (bench/learning_bench.py --part presets).
 SMALL_RUN = {
     "model": "tiny",
-    "task": "arithmetic",
+    "task": "arithmetic_four",
     "sampling.num_generations": 8,
     "sampling.prompts_per_step": 4,
     "sampling.max_completion_length": 6,
     "optim.lr": 1e-3,
+    "train.steps": 60,
 }
 
 
@@ -193,7 +195,7 @@ def test_preset_defining_settings(name):
 @pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
 def test_preset_is_small_and_overridable(name):
     recipe = load_recipe(name)
-    assert recipe.train.steps <= 50
+    assert recipe.train.steps <= 60
     assert recipe.batch_size == 32
     tuned = load_recipe(name, ["train.steps=12", "optim.lr=0.003"])
     assert (tuned.train.steps, tuned.optim.lr) == (12, 0.003)
@@ -274,7 +276,7 @@ def test_with_overrides_applies_and_revalidates():
     base = load_recipe("grpo")
     new = base.with_overrides(["algorithm.kl_coef=0.1", "train.steps=5"])
     assert new.algorithm.kl_coef == 0.1 and new.train.steps == 5
-    assert base.algorithm.kl_coef == 0.04 and base.train.steps == 30  # the original is untouched
+    assert base.algorithm.kl_coef == 0.04 and base.train.steps == 60  # the original is untouched
     assert new.with_overrides([]) == new
     # values are parsed as YAML
     assert base.with_overrides(["algorithm.clip_c=3"]).algorithm.clip_c == 3.0
@@ -439,3 +441,89 @@ def test_single_pass_means_one_update_per_batch():
     assert not Recipe.from_yaml("train: {mu: 2}").train.single_pass
     assert not Recipe.from_yaml("train: {minibatches: 2}").train.single_pass
     assert "single_pass" not in Recipe().to_dict()["train"]  # derived, not a recipe field
+
+
+# ---- finite, bounded numbers; no booleans for numbers ----------------------------------------------
+
+
+def test_the_torch_free_names_are_the_registries_names():
+    """recipe validation reads workbench.core.choices (no torch); the registries are the functions."""
+    from workbench.core import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, choices
+
+    assert choices.ADVANTAGE_NAMES == ADVANTAGE_ESTIMATORS.names()
+    assert choices.POLICY_LOSS_NAMES == POLICY_LOSSES.names()
+    assert choices.AGGREGATION_NAMES == LOSS_AGGREGATIONS.names()
+    assert choices.KL_ESTIMATOR_NAMES == KL_ESTIMATORS.names()
+    assert choices.GROUP_ESTIMATORS | choices.TOKEN_LEVEL_ESTIMATORS | choices.CRITIC_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS.names())
+
+
+@pytest.mark.parametrize("item, patterns", [
+    ("optim.lr=.inf", ["optim.lr=inf", "finite number"]),
+    ("sampling.temperature=.inf", ["sampling.temperature=inf", "finite number"]),
+    ("reward_weights=[.nan, 1]", ["reward_weights.0=nan", "finite number"]),
+    ("optim.betas=[0.9, .inf]", ["optim.betas.1=inf", "finite number"]),
+    ("algorithm.adv_eps=.nan", ["algorithm.adv_eps=nan", "finite number"]),
+    ("algorithm.clip_c=-.inf", ["algorithm.clip_c=-inf", "finite number"]),
+    ("train.steps=true", ["train.steps=True", "a boolean is not a number"]),
+    ("optim.lr=true", ["optim.lr=True", "a boolean is not a number"]),
+    ("reward_weights=[true, 1]", ["reward_weights=[True, 1]", "a boolean is not a number"]),
+    ("sampling.num_generations=100000", ["sampling.num_generations=100000", "less than or equal to 1024"]),
+    ("sampling.prompts_per_step=1000000", ["sampling.prompts_per_step=1000000", "less than or equal to 4096"]),
+    ("train.mu=1000000", ["train.mu=1000000", "less than or equal to 64"]),
+    ("train.threads=100000", ["train.threads=100000", "less than or equal to 256"]),
+    ("train.steps=99999999999999999999999", ["train.steps=99999999999999999999999", "less than or equal to 1000000"]),
+    ("train.seed=-1", ["train.seed=-1", "greater than or equal to 0"]),
+    ("sampling.max_completion_length=10000000", ["sampling.max_completion_length=10000000", "at most 255", "256 positions"]),
+    ("sampling.max_completion_length=256", ["sampling.max_completion_length=256", "at most 255"]),
+])
+def test_non_finite_booleans_and_out_of_bounds_are_refused(item, patterns):
+    raises(lambda: Recipe().with_overrides([item]), *patterns)
+
+
+def test_booleans_stay_booleans_and_numbers_at_their_bounds_pass():
+    recipe = Recipe().with_overrides(["algorithm.whiten_advantages=true", "sampling.max_completion_length=255",
+                                      "sampling.num_generations=1024", "sampling.prompts_per_step=64", "train.mu=64"])
+    assert recipe.algorithm.whiten_advantages is True and recipe.sampling.max_completion_length == 255
+    raises(lambda: Recipe().with_overrides(["sampling.prompts_per_step=4096", "sampling.num_generations=1024"]),
+           "4096 x 1024 = 4194304 completions per step: at most 65536")
+
+
+def test_completion_length_is_checked_against_a_local_models_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 64}')
+    assert Recipe().with_overrides([f"model={tmp_path}", "sampling.max_completion_length=63"]).sampling.max_completion_length == 63
+    raises(lambda: Recipe().with_overrides([f"model={tmp_path}", "sampling.max_completion_length=64"]),
+           "sampling.max_completion_length=64: at most 63", "64 positions")
+    unknown = tmp_path / "model.gguf"  # context unknown before loading: only the absolute bound
+    assert Recipe().with_overrides([f"model={unknown}", "sampling.max_completion_length=4096"])
+    raises(lambda: Recipe().with_overrides([f"model={unknown}", "sampling.max_completion_length=200000"]), "at most 131072")
+
+
+def test_tiny_model_positions_are_one_definition():
+    from workbench.engine import tiny
+
+    assert tiny.MAX_POSITIONS == tiny.MODEL_SHAPE["max_position_embeddings"] == 256
+    from workbench.recipe import model_positions
+
+    assert model_positions("tiny") == 256
+
+
+def test_machine_limits_name_the_field():
+    from workbench.recipe import check_fits_machine
+
+    recipe = Recipe().with_overrides(["train.threads=3"])
+    raises(lambda: check_fits_machine(recipe, 1, cpus=2, gpus=0), "train.threads=3: at most 2")
+    check_fits_machine(recipe, 1, cpus=4, gpus=0)
+    raises(lambda: check_fits_machine(Recipe(), 100000, cpus=16, gpus=8), "--processes=100000: at most 16")
+    raises(lambda: check_fits_machine(Recipe(), 0, cpus=16, gpus=0), "--processes=0: at least 1")
+    check_fits_machine(Recipe(), 8, cpus=2, gpus=8)  # one process per GPU
+
+
+@pytest.mark.parametrize("item", ["train.steps=[1,", "name=`x`", "name={a: 1"])
+def test_set_with_broken_yaml_is_one_line(item):
+    message = raises(lambda: Recipe().with_overrides([item]), f"--set {item!r}", "not valid YAML")
+    assert "\n" not in message
+
+
+def test_broken_yaml_file_is_one_line():
+    message = raises("train: {steps: 3\n", "recipe YAML", "not valid YAML", "line")
+    assert "\n" not in message

@@ -5,25 +5,32 @@
     model build tiny
     launch / runs / collect   (workbench/runs/cli.py)
     export                    (workbench/export/cli.py)
+
+Exit codes: 0 done, 2 bad input (one line ``error: ...`` naming the field, the value and what is
+allowed; nothing is left behind), 1 a run that did not finish, 130 interrupted, 141 closed pipe.
+Only ``train`` and ``model build`` import torch; every other command stays light.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from workbench.home import workbench_home
-from workbench.recipe import RecipeError, load_recipe, preset_names, preset_path
+from workbench.recipe import check_fits_machine, load_recipe, preset_names, preset_path
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
 def _cmd_train(args) -> int:
-    try:
-        recipe = load_recipe(args.recipe, args.set)
-    except RecipeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    recipe = load_recipe(args.recipe, args.set)
+    check_fits_machine(recipe)  # threads vs this machine's CPUs, before any output is written
     run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     from workbench.engine.trainer import train  # heavy imports only when training
 
@@ -39,11 +46,7 @@ def _cmd_recipes(args) -> int:
         for name in preset_names():
             print(f"{name:14s} {Recipe.from_yaml(preset_path(name).read_text()).description}")
         return 0
-    try:
-        print(preset_path(args.name).read_text(), end="")
-    except RecipeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    print(preset_path(args.name).read_text(), end="")
     return 0
 
 
@@ -101,8 +104,51 @@ def _slurm_defaults() -> dict:
         raise ExportError(str(err)) from None
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's to fix (a bad recipe, id, setting, target or path), imported
+    only once one is raised, so a light command stays light."""
+    from workbench.export.scripts import ExportError
+    from workbench.recipe import RecipeError
+    from workbench.runs import ConfigError, LaunchError, RunError, SettingsError
+
+    # ValueError: the confinement of paths to the home and the name checks of runs, tags and groups
+    return RecipeError, RunError, LaunchError, ConfigError, SettingsError, ExportError, ValueError
+
+
+def one_line(message: str) -> str:
+    """A (possibly multi-line) error message as one line: 'head:\n  a\n  b' -> 'head: a; b'."""
+    head, *rest = [part.strip() for part in str(message).strip().splitlines() if part.strip()]
+    return f"{head} {'; '.join(rest)}" if rest else head
+
+
+def report(message: str) -> int:
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _quiet_closed_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush raises nothing
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. Bad input is one line ``error: ...`` and exit 2, never a traceback."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "recipes" and args.action == "show" and not args.name:
-        build_parser().error("recipes show needs a preset NAME")
-    return args.func(args)
+        parser.error("recipes show needs a preset NAME")
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:  # `... | head` stopped reading: not an error of ours to print
+        _quiet_closed_stdout()
+        return EXIT_CLOSED_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        if isinstance(err, _user_errors()):
+            return report(str(err))
+        raise

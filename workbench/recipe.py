@@ -8,28 +8,36 @@ fails with an error naming the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from workbench.core import (
-    ADVANTAGE_ESTIMATORS,
+# Torch-free parts of the core only (names, options, PolicyLossConfig): validating a recipe must not
+# load the maths, so `runs list`, `export` and `recipes list` stay light.
+from workbench.core.choices import (
+    ADVANTAGE_NAMES,
+    AGGREGATION_NAMES,
+    CISPO_BOUNDS,
     CRITIC_ESTIMATORS,
     GROUP_ESTIMATORS,
     GRPO_SCALES,
-    KL_ESTIMATORS,
+    GSPO_VARIANTS,
+    KL_ESTIMATOR_NAMES,
     KL_PLACEMENTS,
-    LOSS_AGGREGATIONS,
-    POLICY_LOSSES,
+    POLICY_LOSS_NAMES,
+    REINFORCE_FORMS,
     TOKEN_LEVEL_ESTIMATORS,
-    AdvantageConfig,
     PolicyLossConfig,
-    check_choice,
 )
-from workbench.core.policy_losses import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS
+from workbench.core.registry import check_choice
+
+if TYPE_CHECKING:
+    from workbench.core.advantages import AdvantageConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -38,16 +46,56 @@ class RecipeError(ValueError):
     """A recipe that does not validate; the message lists every field at fault."""
 
 
+# ---- upper bounds ---------------------------------------------------------------------------
+# Far above any run this workbench is for (TRL / verl use G = 4-64, a few hundred prompts per step,
+# mu <= 4), low enough that a typo fails here, naming its field, instead of as an out-of-memory
+# kill or an integer overflow after the run has started.
+MAX_STEPS = 1_000_000
+MAX_GENERATIONS = 1024  # G
+MAX_PROMPTS_PER_STEP = 4096
+MAX_BATCH = 65_536  # completions per step: prompts_per_step x G
+MAX_COMPLETION_LENGTH = 131_072  # the longest contexts of current models; the model's own is checked too
+MAX_MU = 64
+MAX_THREADS = 256  # the machine's CPUs are checked where the run starts (check_fits_machine)
+MAX_LOGGED_ROWS = 4096  # samples / diagnostics sequences per step
+MAX_SEED = 2**32 - 1  # numpy's limit
+
+#: Positions of the built-in tiny model (engine/tiny.py builds it with this; validation reads it torch-free).
+TINY_MAX_POSITIONS = 256
+TINY_MODEL = "tiny"
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field's type accepts a boolean anywhere (bool, bool | None, list[bool], ...)."""
+    return annotation is bool or any(_admits_bool(arg) for arg in get_args(annotation))
+
+
+def _holds_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(map(_holds_bool, value)))
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # allow_inf_nan=False: every float of the schema, in lists and tuples too, must be finite
+    # (optim.lr=.inf used to fail later with a sampling error naming nothing).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML ``true`` is not a number, but pydantic's lax mode reads it as 1 (train.steps=true ran
+        one step). One check for every field: a boolean only where the field's type names bool."""
+        if _holds_bool(value) and not _admits_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError("a boolean is not a number here; give a number")
+        return value
 
 
 # Algorithm fields whose values are names from a core registry or option list.
 _NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "advantage": ADVANTAGE_ESTIMATORS.names,
-    "policy_loss": POLICY_LOSSES.names,
-    "aggregation": LOSS_AGGREGATIONS.names,
-    "kl_estimator": KL_ESTIMATORS.names,
+    "advantage": lambda: ADVANTAGE_NAMES,
+    "policy_loss": lambda: POLICY_LOSS_NAMES,
+    "aggregation": lambda: AGGREGATION_NAMES,
+    "kl_estimator": lambda: KL_ESTIMATOR_NAMES,
     "kl_placement": lambda: KL_PLACEMENTS,
     "grpo_scale": lambda: GRPO_SCALES,
     "gspo_variant": lambda: GSPO_VARIANTS,
@@ -60,7 +108,7 @@ class Algorithm(_Section):
     """The algorithm axes. Defaults are GRPO as in DeepSeekMath / TRL."""
 
     advantage: str = "grpo"
-    """Advantage estimator: grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline, gae (PPO, needs critic)."""
+    """Advantage estimator: grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline, gae (PPO, needs critic), remax (needs a greedy baseline rollout), opo (length-weighted baseline), grpo_passk (only the best of each group is credited)."""
     grpo_scale: str = "group"
     """GRPO std: group (GRPO), batch (TRL scale_rewards='batch'), none (Dr. GRPO, no std bias)."""
     adv_eps: float = Field(1e-6, ge=0)
@@ -68,7 +116,7 @@ class Algorithm(_Section):
     whiten_advantages: bool = False
     """Masked whitening of advantages over the batch (usual for PPO/GAE); rescales the step."""
     policy_loss: str = "clip"
-    """clip (PPO/GRPO/DAPO), gspo (sequence ratio), cispo (clipped IS weight, no zeroed gradients), reinforce."""
+    """clip (PPO/GRPO/DAPO), gspo (sequence ratio), cispo (clipped IS weight, no zeroed gradients), reinforce, sapo (soft sigmoid gate), gmpo (geometric mean of log-clipped ratios), dppo_tv / dppo_kl (trust region on probability divergence), clip_cov / kl_cov (covariance-selected tokens), gpg (-A logp)."""
     eps_low: float = Field(0.2, ge=0)
     """Lower clip: ratio below 1 - eps_low stops negative-advantage updates (PPO 0.2)."""
     eps_high: float = Field(0.2, ge=0)
@@ -83,8 +131,24 @@ class Algorithm(_Section):
     """CISPO weight bounds: relative [1-eps_low, 1+eps_high] (verl) or absolute cap eps_high (TRL)."""
     reinforce_form: str = "logp"
     """Vanilla PG surrogate: -A logp or -A ratio (same gradient on-policy)."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """SAPO gate temperature for A > 0 (TRL sapo_temperature_pos, verl tau_pos): higher closes the soft trust region faster."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """SAPO gate temperature for A <= 0 (TRL sapo_temperature_neg, verl tau_neg; > tau_pos damps negative updates sooner)."""
+    clip_cov_ratio: float = Field(2e-4, gt=0, le=1)
+    """Clip-Cov: fraction of tokens, drawn among those with covariance in (clip_cov_lb, clip_cov_ub), whose gradient is cut (verl 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov lower covariance bound (verl 1.0)."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov upper covariance bound (verl 5.0)."""
+    kl_cov_ratio: float = Field(2e-4, gt=0, le=1)
+    """KL-Cov: fraction of tokens with the highest covariance that get the |log ratio| penalty (verl 2e-4)."""
+    kl_cov_coef: float = Field(1.0, ge=0)
+    """KL-Cov penalty coefficient (verl ppo_kl_coef 1.0)."""
+    cov_seed: int | None = Field(None, ge=0)
+    """Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); an int = a fixed seed."""
     aggregation: str = "seq-mean-token-mean"
-    """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO), token-sum-norm (verl)."""
+    """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: TRL, verl >= 0.9), token-sum-norm (verl < 0.9's Dr. GRPO: / L_max only)."""
     kl_coef: float = Field(0.0, ge=0)
     """beta. 0 = no KL and no reference model loaded (saves memory and a forward pass)."""
     kl_estimator: str = "k3"
@@ -139,16 +203,16 @@ class Algorithm(_Section):
 class Sampling(_Section):
     """Rollout settings."""
 
-    num_generations: int = Field(8, ge=1)
+    num_generations: int = Field(8, ge=1, le=MAX_GENERATIONS)
     """G completions per prompt. Group baselines need G >= 2; larger G = better baselines, more compute."""
-    prompts_per_step: int = Field(4, ge=1)
+    prompts_per_step: int = Field(4, ge=1, le=MAX_PROMPTS_PER_STEP)
     """Prompts per step; the batch is prompts_per_step x G completions."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature (log-probs are computed at the same temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
-    max_completion_length: int = Field(8, ge=1)
-    """L_max: completions are cut here (and the Dr. GRPO normaliser uses it)."""
+    max_completion_length: int = Field(8, ge=1)  # upper bound: the model's context (Recipe._cross)
+    """L_max: completions are cut here (and the Dr. GRPO normaliser uses it). Prompt + completion must fit the model's positions."""
 
 
 class Optim(_Section):
@@ -160,7 +224,7 @@ class Optim(_Section):
     """Critic learning rate (default: lr)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """LR schedule after warm-up."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Linear warm-up steps."""
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Gradient clipping by global norm (None = off)."""
@@ -173,22 +237,22 @@ class Optim(_Section):
 class Train(_Section):
     """Loop settings."""
 
-    steps: int = Field(30, ge=1)
+    steps: int = Field(30, ge=1, le=MAX_STEPS)
     """Optimisation steps (each: one rollout batch, mu passes over it)."""
-    mu: int = Field(1, ge=1)
+    mu: int = Field(1, ge=1, le=MAX_MU)
     """Passes over each batch (GRPO's mu / TRL num_iterations / PPO epochs). > 1 makes the ratio move and clipping bite."""
-    minibatches: int = Field(1, ge=1)
+    minibatches: int = Field(1, ge=1, le=MAX_BATCH)
     """Optimizer steps per pass: the batch is split into this many minibatches."""
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH)
     """Micro-batches per minibatch (memory); the loss is normalised over the whole minibatch."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed for sampling, data order and initialisation."""
     rollout: Literal["hf", "vllm"] = "hf"
     """Generation backend: hf (transformers generate) or vllm (colocated, weights synced each step)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Mixed precision (accelerate). CPU runs use fp32."""
-    threads: int = Field(1, ge=1)
-    """torch threads per CPU process (on 2 cores, 1 is fastest for generation)."""
+    threads: int = Field(1, ge=1, le=MAX_THREADS)
+    """torch threads per CPU process (on 2 cores, 1 is fastest for generation); at most the CPUs of the machine it runs on."""
 
     @property
     def single_pass(self) -> bool:
@@ -202,13 +266,13 @@ class Logging(_Section):
 
     log_with: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(default_factory=list)
     """Trackers via accelerate, besides the run's own event stream."""
-    samples_per_step: int = Field(4, ge=0)
+    samples_per_step: int = Field(4, ge=0, le=MAX_LOGGED_ROWS)
     """Prompt / completion / reward rows recorded per step."""
-    diagnostics_every: int = Field(1, ge=0)
+    diagnostics_every: int = Field(1, ge=0, le=MAX_STEPS)
     """Per-token diagnostics (ratio, advantage, region) every N steps (0 = never)."""
-    diagnostics_sequences: int = Field(8, ge=0)
+    diagnostics_sequences: int = Field(8, ge=0, le=MAX_LOGGED_ROWS)
     """How many sequences of the batch those diagnostics cover."""
-    lens_every: int = Field(0, ge=0)
+    lens_every: int = Field(0, ge=0, le=MAX_STEPS)
     """Same-batch lens every N steps (0 = off): every advantage estimator x policy loss on the step's batch (loss, grad norm, cosine with the update taken), in that step's diagnostics event. One extra forward and ~30 backward passes per lens step, so off by default (see bench/lens_bench.py)."""
 
 
@@ -238,6 +302,11 @@ class Recipe(_Section):
         if self.task is None and self.dataset is None:
             raise ValueError("task and dataset are both empty: set one of them")
         batch = self.batch_size
+        if batch > MAX_BATCH:
+            raise ValueError(
+                f"sampling.prompts_per_step x sampling.num_generations = {self.sampling.prompts_per_step} x "
+                f"{self.sampling.num_generations} = {batch} completions per step: at most {MAX_BATCH}")
+        _check_context(self.model, self.sampling.max_completion_length)
         per_update = self.train.minibatches * self.train.grad_accum
         if batch % per_update != 0:
             raise ValueError(
@@ -255,7 +324,9 @@ class Recipe(_Section):
         return self.sampling.prompts_per_step * self.sampling.num_generations
 
     # ---- core configs -------------------------------------------------------------------
-    def advantage_config(self) -> AdvantageConfig:
+    def advantage_config(self) -> "AdvantageConfig":
+        from workbench.core.advantages import AdvantageConfig  # torch: only the engine and the labs call this
+
         a = self.algorithm
         return AdvantageConfig(
             group_size=self.sampling.num_generations,
@@ -289,8 +360,9 @@ class Recipe(_Section):
             raise RecipeError(format_validation_error(err)) from None
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Recipe":
-        data = yaml.safe_load(text) or {}
+    def from_yaml(cls, text: str, source: str = "recipe YAML") -> "Recipe":
+        """Parse and validate; ``source`` (e.g. the file) names where a YAML syntax error is."""
+        data = _yaml_value(text, source) or {}
         if not isinstance(data, dict):
             raise RecipeError(f"a recipe is a YAML mapping, got {type(data).__name__}")
         return cls.from_dict(data)
@@ -310,8 +382,101 @@ class Recipe(_Section):
                 node = node[part]
             if parts[-1] not in node:
                 raise RecipeError(f"--set {item!r}: unknown field {key!r}; fields here: {', '.join(node)}")
-            node[parts[-1]] = yaml.safe_load(raw)
+            node[parts[-1]] = _yaml_value(raw, f"--set {item!r}", hint="; quote text, e.g. name='my run'")
         return Recipe.from_dict(data)
+
+
+def _yaml_value(text: str, where: str, hint: str = "") -> Any:
+    """``text`` parsed as YAML; RecipeError naming ``where`` and the parser's problem (one line,
+    not PyYAML's multi-line report)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise RecipeError(f"{where}: not valid YAML ({problem}{at}){hint}") from None
+
+
+# ---- what the model and the machine allow ---------------------------------------------------------
+
+# config.json keys holding a causal LM's context length (Llama/Qwen/Mistral, GPT-2, MPT/Falcon, ...).
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def model_positions(model: str) -> int | None:
+    """The context length (positions) of ``model`` without loading it; None where it is not known.
+
+    'tiny' -> TINY_MAX_POSITIONS; a local directory or a hub id already in the Hugging Face cache
+    -> its config.json. Nothing is downloaded and torch is not imported.
+    """
+    if model == TINY_MODEL:
+        return TINY_MAX_POSITIONS
+    config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        config = _cached_hub_config(model)
+    try:
+        values = json.loads(config.read_text()) if config is not None else {}
+    except (OSError, ValueError):
+        return None
+    values = {**values, **(values.get("text_config") or {})}  # multimodal configs nest the LM's
+    return next((int(values[k]) for k in _CONTEXT_KEYS if isinstance(values.get(k), int)), None)
+
+
+def _cached_hub_config(model: str) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # not a valid repo id (a .gguf path, a typo): the context is unknown
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _check_context(model: str, max_completion_length: int) -> None:
+    """Prompt + completion must fit the model's positions: L_max <= positions - 1 (a prompt has >= 1
+    token); where the model's context is not known, L_max <= MAX_COMPLETION_LENGTH."""
+    positions = model_positions(model)
+    if positions is not None and max_completion_length > positions - 1:
+        raise ValueError(
+            f"sampling.max_completion_length={max_completion_length}: at most {positions - 1} "
+            f"(model {model!r} has {positions} positions, and the prompt takes at least 1)")
+    if positions is None and max_completion_length > MAX_COMPLETION_LENGTH:
+        raise ValueError(
+            f"sampling.max_completion_length={max_completion_length}: at most {MAX_COMPLETION_LENGTH} "
+            f"(the context of model {model!r} is not known before it loads)")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask, as taskset / cgroups set it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs on this machine, read from the driver (no torch import); CUDA_VISIBLE_DEVICES narrows them."""
+    gpus = len(list(Path("/proc/driver/nvidia/gpus").glob("*")))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = min(gpus, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+    return gpus
+
+
+def check_fits_machine(recipe: Recipe, processes: int = 1, *, cpus: int | None = None, gpus: int | None = None) -> None:
+    """Refuse, before a run starts here, what this machine cannot hold.
+
+    processes: one per GPU, or one per CPU when there is no GPU -> at most max(gpus, cpus).
+    train.threads: torch threads per CPU process -> at most the CPUs.
+    Raises RecipeError naming the field, the value and the limit.
+    """
+    cpus = available_cpus() if cpus is None else cpus
+    gpus = visible_gpus() if gpus is None else gpus
+    most = max(cpus, gpus)
+    if processes < 1:
+        raise RecipeError(f"--processes={processes}: at least 1")
+    if processes > most:
+        raise RecipeError(f"--processes={processes}: at most {most} on this machine ({cpus} CPUs, {gpus} GPUs)")
+    if recipe.train.threads > cpus:
+        raise RecipeError(f"train.threads={recipe.train.threads}: at most {cpus}, the CPUs of this machine")
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:
@@ -366,5 +531,5 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = preset_path(name_or_path)
-    recipe = Recipe.from_yaml(path.read_text())
+    recipe = Recipe.from_yaml(path.read_text(), source=str(path))
     return recipe.with_overrides(overrides) if overrides else recipe

@@ -71,7 +71,8 @@ def test_group_estimators_are_exactly_those_that_read_the_groups():
     values = torch.tensor([[0.1, 0.2], [0.3, 0.1], [0.0, 0.5], [0.2, 0.2]])
     grouping = {}
     for name in ADVANTAGE_ESTIMATORS.names():
-        a, b = (compute_advantages(name, REWARDS[:4], torch.ones(4, 2), AdvantageConfig(group_size=g), values=values).advantages
+        a, b = (compute_advantages(name, REWARDS[:4], torch.ones(4, 2), AdvantageConfig(group_size=g), values=values,
+                                   baselines=REWARDS[:4].flip(0)).advantages
                 for g in (1, 2))
         grouping[name] = not torch.allclose(a, b)
     assert {name for name, reads in grouping.items() if reads} == GROUP_ESTIMATORS
@@ -218,3 +219,83 @@ def test_whitening_is_masked():
     # raw advantages on valid tokens [0.5, 0.5, -0.5]: mean 1/6, unbiased var = (1/9+1/9+4/9)/2 = 1/3
     mean, std = 1 / 6, math.sqrt(1 / 3)
     assert_values(out.advantages, [[(0.5 - mean) / std, (0.5 - mean) / std, 0.0], [(-0.5 - mean) / std, 0.0, 0.0]])
+
+
+# ---- groups whose rewards are all equal: exactly 0 -----------------------------------------
+# Every group-baseline setting (and REINFORCE's batch baseline), before any batch whitening:
+# (estimator, AdvantageConfig overrides). reinforce_pp_baseline is read from its returns, which
+# are the centred rewards on the last token before the batch whitening.
+EQUAL_GROUP_SETTINGS = [("grpo", {"scale": "group"}), ("grpo", {"scale": "batch"}), ("grpo", {"scale": "none"}),
+                        ("rloo", {}), ("reinforce_pp_baseline", {})]
+
+
+def centred_scores(name, rewards, group_size, **cfg):
+    """(B,) per-completion score before any batch whitening: the advantage, or for
+    reinforce_pp_baseline its return (= the group-centred reward with gamma 1 and no KL)."""
+    out = compute_advantages(name, rewards, torch.ones(len(rewards), 1), AdvantageConfig(group_size=group_size, **cfg))
+    return (out.returns if name == "reinforce_pp_baseline" else out.advantages)[:, 0]
+
+
+@pytest.mark.parametrize("name, cfg", EQUAL_GROUP_SETTINGS)
+def test_equal_non_integer_rewards_give_exactly_zero_in_float32(name, cfg):
+    # float32 sums 0.2 eight times to 1.6000001: mean 0.20000002, one ulp above 0.2, so r - mean
+    # = -1.49e-8 and GRPO's 1 / (std + 1e-6) with std ~1.6e-8 made it -0.0147 (the issue's -0.015)
+    alone = torch.full((8,), 0.2, dtype=torch.float32)
+    assert centred_scores(name, alone, 8, **cfg).tolist() == [0.0] * 8
+    # 1.9485582 x 8 beside a group that varies: it got 0.119 under scale=group
+    mixed = torch.tensor([1.9485582] * 8 + [0.0, 1.0, 0.5, 0.3, 0.9, 0.1, 0.7, 0.2], dtype=torch.float32)
+    assert centred_scores(name, mixed, 8, **cfg)[:8].tolist() == [0.0] * 8
+
+
+def test_equal_batch_gives_exactly_zero_for_the_batch_mean_baseline():
+    assert seq_adv("reinforce", rewards=torch.full((8,), 0.2), mask=torch.ones(8, 1)).tolist() == [0.0] * 8
+
+
+def test_equal_group_stays_zero_next_to_varied_groups_and_others_are_unchanged():
+    # float32 0.3 x 6 has mean one ulp below 0.3. Group 2 = [1, 0, 0, 0, 0, 0]: mean 1/6, centred
+    # [5/6, -1/6 x 5], unbiased std sqrt((25/36 + 5/36) / 5) = sqrt(1/6)
+    r = torch.tensor([0.3] * 6 + [1.0] + [0.0] * 5, dtype=torch.float32)
+    a = seq_adv("grpo", rewards=r, mask=torch.ones(12, 1), group_size=6, eps=EPS)
+    assert a[:6].tolist() == [0.0] * 6
+    s = math.sqrt(1 / 6) + EPS
+    assert a[6:].tolist() == pytest.approx([5 / 6 / s] + [-1 / 6 / s] * 5, rel=1e-6)
+
+
+def test_reinforce_pp_baseline_whitens_exact_zeros_of_an_equal_group():
+    # centred rewards [0 x 6, 5/6, -1/6 x 5] (0.3 x 6 exactly 0); batch mean 0, unbiased variance
+    # over the 12 tokens (25/36 + 5/36) / 11 = 5/66: whitened = centred / sqrt(5/66 + 1e-8)
+    r = torch.tensor([0.3] * 6 + [1.0] + [0.0] * 5, dtype=torch.float32)
+    out = compute_advantages("reinforce_pp_baseline", r, torch.ones(12, 1), AdvantageConfig(group_size=6))
+    assert out.returns[:6, 0].tolist() == [0.0] * 6  # exact before the whitening
+    s = math.sqrt(5 / 66 + 1e-8)
+    # the whitening's batch mean is 0 only up to float32 rounding of 5/6 - 5 x 1/6 (a few 1e-9)
+    assert out.advantages[:, 0].tolist() == pytest.approx([0.0] * 6 + [5 / 6 / s] + [-1 / 6 / s] * 5, abs=1e-7)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+FLOAT32 = hst.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=FLOAT32, G=hst.integers(1, 64), others=hst.lists(hst.floats(-10, 10, width=32), min_size=0, max_size=3),
+       position=hst.integers(0, 3), dtype=hst.sampled_from([torch.float32, torch.float64]),
+       setting=hst.sampled_from(EQUAL_GROUP_SETTINGS))
+def test_property_any_equal_group_gets_exactly_zero(value, G, others, position, dtype, setting):
+    """Whatever the common value (any finite float32, tiny or huge), the group size, the dtype and
+    the groups around it, an all-equal group's score is exactly 0."""
+    name, cfg = setting
+    groups = [torch.linspace(-1.0, 1.0, G) * o + o for o in others]  # varied groups (or equal when o = 0)
+    position = min(position, len(groups))
+    groups.insert(position, torch.full((G,), value))
+    rewards = torch.cat(groups).to(dtype)
+    scores = centred_scores(name, rewards, G, **cfg)
+    assert scores[position * G:(position + 1) * G].tolist() == [0.0] * G
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_equal_group_with_eps_zero_is_zero_not_nan(scale):
+    # std of 0.5 x 4 is exactly 0: (r - mean) / (0 + 0) would be 0 / 0 = NaN
+    a = seq_adv("grpo", rewards=torch.full((4,), 0.5), mask=torch.ones(4, 1), group_size=4, eps=0.0, scale=scale)
+    assert a.tolist() == [0.0] * 4

@@ -45,8 +45,8 @@ MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
         ("token-mean", 21 / 6),  # (10 + 11) / 6 tokens
         ("seq-mean-token-mean", (10 / 4 + 11 / 2) / 2),  # = 4
         ("seq-mean-token-sum", (10 + 11) / 2),
-        ("seq-mean-token-sum-norm", 21 / (2 * 4)),  # TRL dr_grpo: / (B * L_max)
-        ("token-sum-norm", 21 / 4),  # verl: / L_max
+        ("seq-mean-token-sum-norm", 21 / (2 * 4)),  # TRL dr_grpo, verl >= 0.9: / (B * L_max)
+        ("token-sum-norm", 21 / 4),  # verl < 0.9's seq-mean-token-sum-norm: / L_max
     ],
 )
 def test_hand_values(mode, expected):
@@ -97,3 +97,13 @@ def test_masked_out_completion_still_counts_as_a_sequence():
 def test_sum_norm_requires_max_len():
     with pytest.raises(ValueError, match="needs max_len"):
         aggregate_loss("seq-mean-token-sum-norm", LOSS, MASK)
+
+
+def test_sum_norm_is_verl_0_9_with_an_empty_row():
+    # verl 0.9.1 agg_loss("seq-mean-token-sum-norm"): the sum over the non-empty rows / their
+    # number / loss_scale_factor (L_max). A third, empty row adds neither tokens nor a sequence:
+    # (10 + 11) / (2 * 4), not / (3 * 4); verl before 0.9 gave (10 + 11) / 4 = token-sum-norm.
+    loss = torch.cat([LOSS, torch.full((1, 4), 7.0)])
+    mask = torch.cat([MASK, torch.zeros(1, 4)])
+    assert aggregate_loss("seq-mean-token-sum-norm", loss, mask, max_len=4).item() == 21 / 8
+    assert aggregate_loss("token-sum-norm", loss, mask, max_len=4).item() == 21 / 4

@@ -96,6 +96,15 @@ def test_reward_metrics_with_one_completion_per_prompt():
     assert m["reward_std"].device == m["reward"].device and m["reward_std"].dtype == m["reward"].dtype
 
 
+def test_reward_metrics_count_equal_groups_exactly_as_the_estimators_zero_them():
+    # float32 0.2 x 8 has std 1.6e-8 from rounding (above isclose's atol 1e-8): still an
+    # all-equal group, which the advantage estimators set to exactly 0. [0, 1e-9] is a real spread.
+    m = reward_metrics(torch.tensor([0.2] * 8 + [1.9485582] * 8 + [0.0] * 7 + [1e-9]), group_size=8)
+    assert m["frac_reward_zero_std"].item() == pytest.approx(2 / 3, rel=1e-7)
+    # the std of 1e-9 among seven zeros, unbiased: sqrt((7 (1e-9 / 8)^2 + (7e-9 / 8)^2) / 7) = 1e-9 / sqrt(8)
+    assert m["reward_std"].item() == pytest.approx(1e-9 / math.sqrt(8) / 3, rel=1e-5)
+
+
 def test_length_metrics_trl_names():
     m = length_metrics(torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]), torch.tensor([False, True]))
     assert {k: v.item() for k, v in m.items()} == {

@@ -90,14 +90,17 @@ def test_padding_invariance(batch):
 
     for name in ADVANTAGE_ESTIMATORS.names():
         cfg = AdvantageConfig(group_size=G, gamma=0.9, lam=0.7, kl_coef=0.05, whiten=name == "gae")
-        a = compute_advantages(name, rewards, mask, cfg, kl=kl, values=t["values"])
-        pa = compute_advantages(name, rewards, pmask, cfg, kl=pkl, values=pt["values"])
+        baselines = rewards.flip(0)  # read by ReMax only
+        a = compute_advantages(name, rewards, mask, cfg, kl=kl, values=t["values"], baselines=baselines)
+        pa = compute_advantages(name, rewards, pmask, cfg, kl=pkl, values=pt["values"], baselines=baselines)
         assert_same(a.advantages, pa.advantages, keep, pmask)
         assert_same(a.returns, pa.returns, keep, pmask)
 
         adv, padv = a.advantages, pa.advantages
         for loss_name in POLICY_LOSSES.names():
-            cfg_pl = PolicyLossConfig(clip_c=3.0)
+            # a seeded Clip-Cov draw over a wide band and large fractions, so the covariance selections run
+            cfg_pl = PolicyLossConfig(clip_c=3.0, cov_seed=seed, clip_cov_ratio=0.3, clip_cov_lb=-1.0, clip_cov_ub=1.0,
+                                      kl_cov_ratio=0.3)
             loss, diag = compute_policy_loss(loss_name, t["logp"], t["old"], adv, mask, cfg_pl)
             ploss, pdiag = compute_policy_loss(loss_name, pt["logp"], pt["old"], padv, pmask, cfg_pl)
             assert_same(loss, ploss, keep, pmask)

@@ -108,6 +108,26 @@ def test_gspo_sequence_ratio_is_geometric_mean():
         assert_values(logp.grad, [first_token_grad], atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", ["sequence", "token"])
+def test_gspo_sequence_log_ratio_clamped_above_at_10_as_verl(variant):
+    # verl 0.9.1 compute_policy_loss_gspo: torch.clamp(log_seq_importance_ratio, max=10.0), no
+    # lower bound. Row 0: log s = (14 + 16) / 2 = 15 -> s = e^10; row 1: log s = -30 -> e^-30
+    # (a +-20 clamp gave e^15 and e^-20). A = -1 keeps the unclipped term -s A = s for row 0.
+    logp = torch.tensor([[14.0, 16.0], [-30.0, -30.0]], dtype=torch.float64)
+    adv = -torch.ones(2, 2, dtype=torch.float64)
+    loss, diag = compute_policy_loss("gspo", logp, torch.zeros_like(logp), adv, torch.ones(2, 2, dtype=torch.float64),
+                                     PolicyLossConfig(gspo_variant=variant))
+    assert diag.ratio.flatten().tolist() == pytest.approx([math.exp(10)] * 2 + [math.exp(-30)] * 2, rel=1e-15)
+    assert loss[0].tolist() == pytest.approx([math.exp(10)] * 2, rel=1e-15)
+    assert loss[1].tolist() == pytest.approx([0.8, 0.8])  # s < 1 - eps_low with A < 0: -clip(s) A
+
+
+def test_token_ratios_clamped_at_20_as_verl_ppo():
+    # verl's PPO loss clamps the token log-ratio to [-20, 20] before exp
+    loss, _, diag = run("clip", torch.tensor([[math.exp(25.0), math.exp(-25.0)]], dtype=torch.float64), -torch.ones(1, 2, dtype=torch.float64))
+    assert diag.ratio[0].tolist() == pytest.approx([math.exp(20), math.exp(-20)], rel=1e-15)
+
+
 def test_gspo_clip_fraction_counts_sequences():
     # two sequences of different lengths, the short one clipped (s = e^0.5 > 1.2), the long one not
     logp = torch.tensor([[0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
@@ -176,6 +196,22 @@ def test_value_loss_clipping():
     assert_values(values.grad, [[0.0, 0.6, 1.0]], atol=1e-12)  # clipped term active -> no gradient
     plain, _ = clipped_value_loss(values, old, returns, torch.ones(1, 3), clip_range_value=None)
     assert_values(plain, [[0.5, 0.18, 0.5]], atol=1e-12)
+
+
+def test_value_clipping_clips_v_itself_so_an_unclipped_token_is_not_counted():
+    # The float32 V next to -0.03982663 (it prints as that), V_old = 0.14850530, c = 0.2:
+    # |V - V_old| = 0.188 < c, so clip(V, V_old - c, V_old + c) = V, the two terms are equal and
+    # the token is not clipped. V_old + clamp(V - V_old, +-c) rounded V - V_old and gave back
+    # -0.03982663154602051, not V: with R = 0 that term was larger, the token counted as clipped
+    # and its gradient dropped.
+    values = torch.tensor([[-0.03982662782073021]], dtype=torch.float32, requires_grad=True)
+    old = torch.tensor([[0.14850530]], dtype=torch.float32)
+    assert f"{values.item():.8f}" == "-0.03982663"
+    loss, metrics = clipped_value_loss(values, old, torch.zeros(1, 1), torch.ones(1, 1), clip_range_value=0.2)
+    assert metrics["value/clipfrac"].item() == 0.0
+    assert loss.item() == (0.5 * values.detach() ** 2).item()  # the unclipped term, bit for bit
+    loss.sum().backward()
+    assert values.grad.item() == values.item()  # d/dV 0.5 (V - R)^2 = V - R: the gradient flows
 
 
 def test_config_validation_names_field_and_allowed_values():

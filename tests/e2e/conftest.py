@@ -60,31 +60,48 @@ def e2e_home(tmp_path_factory, tiny_model_dir):
     return home_with_tiny_model(tmp_path_factory.mktemp("e2ehome"), tiny_model_dir)
 
 
+# What `make app` and the Procfile pass too (.streamlit/config.toml is only read from the cwd).
+SERVER_FLAGS = ["--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+                "--server.fileWatcherType", "none"]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60, log: Path | None = None) -> None:
+    """Return once ``url``/_stcore/health answers ok; fail (server stopped, log tail shown) otherwise."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                return
+        except OSError:
+            time.sleep(0.3)
+    proc.terminate()
+    pytest.fail(f"streamlit did not answer its health check; log: {log.read_text()[-2000:] if log else '(none)'}")
+
+
 @pytest.fixture(scope="session")
 def server(e2e_home):
     """`streamlit run app.py` headless on 127.0.0.1 with a password set; yields its URL."""
     port = free_port()
     env = {**os.environ, "WORKBENCH_HOME": str(e2e_home), "WORKBENCH_PASSWORD": PASSWORD, "OMP_NUM_THREADS": "1"}
     log = open(e2e_home / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address",
-         "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", *SERVER_FLAGS, "--server.port", str(port)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        except OSError:
-            time.sleep(0.3)
-    else:
-        proc.terminate()
-        pytest.fail(f"streamlit did not answer its health check; log: {(e2e_home / 'server.log').read_text()[-2000:]}")
+    wait_healthy(url, proc, log=e2e_home / "server.log")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
     log.close()
+
+
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    """Where the browser tests save screenshots: a temporary folder, or the folder named by
+    WB_SCREENSHOTS (`make screenshots` sets docs/ to refresh the README's pictures)."""
+    folder = Path(os.environ.get("WB_SCREENSHOTS") or tmp_path / "screenshots")
+    folder = folder if folder.is_absolute() else ROOT / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """End to end in chromium: sign in, launch a GRPO-vs-RLOO comparison on the tiny model, watch the
 live chart gain points without a reload, cancel one run, export its sbatch script. Screenshots
-go to docs/ (docs/app.png is the README's picture)."""
+go to a temporary folder; `make screenshots` saves them into docs/ (the README's pictures)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -13,6 +14,11 @@ from tests.e2e.conftest import PASSWORD
 from workbench.runs import RunStore, cancel
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def tracked_pictures() -> dict[str, str]:
+    """docs/*.png -> sha256 of its bytes (what a test must leave as it found it)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(DOCS.glob("*.png"))}
 # Points per run in the reward chart as the browser holds it (x may be a plain array or plotly's
 # base64 typed-array spec {dtype, bdata}; Streamlit's theme wraps the title in <b>).
 REWARD_POINTS = """() => {
@@ -24,6 +30,10 @@ REWARD_POINTS = """() => {
 }"""
 
 
+# Charts drawn right now: plots whose traces are on screen (a chart being remounted has none).
+DRAWN_CHARTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .filter(p => p.layout && p.querySelector('.scatterlayer .trace'))
+    .map(p => String(p.layout.title && p.layout.title.text))"""
 FAILURE_SHOT = Path("/tmp") / "wb-e2e-failure.png"
 
 
@@ -58,13 +68,15 @@ def store(e2e_home):
         cancel(run_id, store=store, grace_s=5)
 
 
-def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
+def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, screenshots):
     page = browser_page
+    pictures_before = tracked_pictures()
 
-    # ---- sign in -------------------------------------------------------------------------------
-    page.goto(server)
+    # ---- sign in (the Launch page opened by its own address) -------------------------------------
+    page.goto(f"{server}/launch")
     launch = page.get_by_role("button", name="Launch run")
     launch.wait_for()
+    assert page.get_by_text("Page not found").count() == 0
     assert launch.is_disabled()
     sidebar = page.get_by_test_id("stSidebar")
     assert "A workbench password is set" in sidebar.inner_text()
@@ -85,7 +97,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     page.keyboard.press("Escape")
     go = page.get_by_role("button", name="Launch 2 runs")
     wait_until(lambda: go.is_enabled(), 30, "the launch button to be enabled")
-    page.screenshot(path=str(DOCS / "launch.png"))
+    page.screenshot(path=str(screenshots / "launch.png"))
     go.click()
     page.get_by_text("Launched comparison group").wait_for()
     runs = store.list_runs()
@@ -93,14 +105,25 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     rloo_id = runs.loc[runs["algorithm"] == "rloo", "id"].item()
 
     # ---- watch live: the chart gains points while the page is not reloaded -----------------------
-    page.get_by_role("button", name="Watch live").click()
+    page.get_by_role("link", name="Open Live / Compare").click()
     page.evaluate("() => { window.__wbNoReload = 'still here'; }")
     first = wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and max(n) >= 1 and n, 180, "the first points", page=page)
     wait_until(lambda: (n := page.evaluate(REWARD_POINTS)) and sum(n) >= sum(first) + 3 and n, 120,
                        "the live chart to gain points", page=page)
     assert page.evaluate("() => window.__wbNoReload") == "still here"  # same document: no reload
     assert page.evaluate("() => performance.getEntriesByType('navigation').length") == 1
-    page.screenshot(path=str(DOCS / "app.png"))
+    # while both runs train, the charts stay on screen (they were blank for long stretches): a DOM
+    # check every second for 30 s, a screenshot of any moment without a drawn reward chart
+    blank = []
+    for second in range(30):
+        drawn = page.evaluate(DRAWN_CHARTS)
+        if not any("Reward (batch mean)" in t for t in drawn):
+            page.screenshot(path=str(screenshots / f"blank-{second}.png"))
+            blank.append((second, len(drawn)))
+        page.wait_for_timeout(1000)
+    assert not blank, f"seconds without a drawn reward chart (second, charts drawn): {blank}; shots in {screenshots}"
+    assert store.get_run(rloo_id)["status"] == "running"  # the check ran while the runs were live
+    page.screenshot(path=str(screenshots / "app.png"))
 
     # ---- cancel the RLOO run -------------------------------------------------------------------------
     page.get_by_test_id("stSidebar").get_by_role("link", name="Runs").click()
@@ -111,8 +134,11 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     cancel.click()
     wait_until(lambda: store.get_run(rloo_id)["status"] == "cancelled", 60, "the run to be cancelled")
     page.get_by_text("Status: cancelled").wait_for()  # the status line updates in place
+    # nothing on the page still says it runs (the selector's label said "running" after the cancel)
+    assert page.get_by_label("Run", exact=True).input_value() == f"rloo · {rloo_id}"
+    wait_until(lambda: page.get_by_role("button", name="Cancel run").is_disabled(), 30, "cancel to be disabled", page=page)
     page.wait_for_timeout(2500)  # one refresh of the runs table (every 2 s while runs are live)
-    page.screenshot(path=str(DOCS / "runs.png"))
+    page.screenshot(path=str(screenshots / "runs.png"))
 
     # ---- export its sbatch script ---------------------------------------------------------------------
     page.get_by_role("button", name="Export this run (YAML, bash, sbatch)").click()
@@ -125,8 +151,11 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path):
     assert download.value.suggested_filename == "rloo.sbatch"
     assert "#SBATCH --job-name=rloo" in script and "-m workbench train" in script
     assert "advantage: rloo" in script and "steps: 3000" in script  # the run's own recipe, inlined
-    page.screenshot(path=str(DOCS / "export.png"))
+    page.screenshot(path=str(screenshots / "export.png"))
     assert page.evaluate("() => window.__wbNoReload") == "still here"  # navigation stayed client-side
+    assert (screenshots / "app.png").stat().st_size > 0
+    if screenshots.resolve() != DOCS.resolve():  # only `make screenshots` may rewrite the README's pictures
+        assert tracked_pictures() == pictures_before
 
 
 def test_every_lab_page_renders_its_figures(browser_page, server):

@@ -13,3 +13,11 @@ def infinite_at_step_2(prompts, completions, completion_ids=None, trainer_state=
     if trainer_state and trainer_state["step"] >= 2:
         return [math.inf] * len(completions)
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]
+
+
+def overflowing_at_step_2(prompts, completions, completion_ids=None, trainer_state=None, **kwargs):
+    """From step 2, rewards of +-3e38 (finite float32): centred without a std (Dr. GRPO) they give
+    per-token losses of +-3e38 whose sum over a sequence overflows float32."""
+    if trainer_state and trainer_state["step"] >= 2:
+        return [3e38 if i % 2 else -3e38 for i in range(len(completions))]
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]

@@ -6,6 +6,7 @@ import torch
 
 from workbench.core import (
     ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
     AdvantageConfig,
     Advantages,
     PolicyLossConfig,
@@ -85,7 +86,8 @@ def test_every_combination_and_the_update_cosine():
     (g,) = torch.autograd.grad(aggregate_loss("seq-mean-token-mean", per_token, mask), W)
     # a plain SGD step theta_after = theta_before - 0.1 g: the update taken is 0.1 g
     rows, _ = report(update=0.1 * g.reshape(-1))
-    assert set(rows) == {(a, l) for a in lens_estimators() if a != "gae" for l in LOSSES}
+    # no critic values and no greedy baselines here: gae and remax sit out
+    assert set(rows) == {(a, l) for a in lens_estimators() if a not in ("gae", "remax") for l in LOSSES}
     assert rows[("dr_grpo", "clip")]["cos_update"] == pytest.approx(1.0, abs=1e-12)
     assert rows[("rloo", "clip")]["cos_update"] == pytest.approx(1.0, abs=1e-12)
     assert rows[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-12)
@@ -102,7 +104,7 @@ def test_lens_key_maps_grpo_scales():
 
 def test_lens_covers_every_registered_estimator_and_grpo_scale():
     assert list(lens_estimators()) == ["grpo", "dr_grpo", "grpo_batch_std", "rloo", "reinforce", "reinforce_pp",
-                                       "reinforce_pp_baseline", "gae"]
+                                       "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk"]
 
     @ADVANTAGE_ESTIMATORS.register("lens_test_constant")
     def constant(rewards, mask, cfg, *, kl=None, values=None):
@@ -135,7 +137,8 @@ def test_trainer_emits_lens_events(lens_run):
     assert lens["run"] == {"advantage": "dr_grpo", "policy_loss": "clip"}
     for point in ("before", "after"):
         combos = {(c["advantage"], c["policy_loss"]): c for c in lens["points"][point]}
-        assert len(combos) == 7 * 4  # no critic: no GAE
+        # every registered loss x every estimator but GAE (no critic) and ReMax (no greedy baseline)
+        assert set(combos) == {(a, l) for a in lens_estimators() if a not in ("gae", "remax") for l in POLICY_LOSSES.names()}
         assert combos[("rloo", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-5)
         assert combos[("rloo", "clip")]["grad_norm"] / combos[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(8 / 7, rel=1e-5)
     before = {(c["advantage"], c["policy_loss"]): c for c in lens["points"]["before"]}

@@ -248,7 +248,7 @@ def test_length_probe_references_vary_in_length():
 
 
 def test_unknown_task_lists_registered_names():
-    with pytest.raises(ValueError, match="unknown task 'nope'; registered tasks: arithmetic, arithmetic_drill, length_probe, reverse"):
+    with pytest.raises(ValueError, match="unknown task 'nope'; registered tasks: arithmetic, arithmetic_drill, arithmetic_four, length_probe, reverse"):
         get_task("nope")
 
 

@@ -74,6 +74,38 @@ def test_kill_9_mid_run_fails_and_keeps_every_step(fresh_home):
     assert len(written) >= 4 and run["error"].startswith("trainer process exited with code 1") and "SIGKILL" in run["error"]
 
 
+def _launcher_parent(run: dict) -> int:
+    """The `accelerate launch` process of a run (the trainer's parent, the wrapper's child)."""
+    table = live_processes()
+    found = [pid for pid, p in table.items()
+             if p["ppid"] == run["handle"]["pid"] and p["cmdline"].split()[1:3] == ["-m", "accelerate.commands.launch"]]
+    assert len(found) == 1, [(pid, p["cmdline"]) for pid, p in table.items() if p["pgid"] == run["handle"]["pgid"]]
+    return found[0]
+
+
+@pytest.mark.parametrize("victim", ["launcher", "wrapper"])
+def test_kill_9_of_the_launcher_or_wrapper_is_followed_to_the_trainers_last_step(fresh_home, victim):
+    """kill -9 of `accelerate launch` (the trainer's parent) or of the run's wrapper: the trainer
+    goes on alone. The run is followed until its last process is gone: every step the trainer
+    wrote lands in the store, and the final status is the one the trainer itself recorded."""
+    steps = 24
+    store = RunStore()
+    run_id = launch(load_recipe("grpo", [f"train.steps={steps}"]), store=store)
+    _wait_for(lambda: store.get_run(run_id)["last_step"] >= 2, store)
+    run = store.get_run(run_id)
+    os.kill(_launcher_parent(run) if victim == "launcher" else run["handle"]["pid"], signal.SIGKILL)
+    assert wait(run_id, store=store, timeout_s=300) == "finished"
+    run = store.get_run(run_id)
+    written = _steps_in_events(run["run_dir"])
+    assert written == list(range(steps))  # the trainer did run to its end after the kill
+    assert store.metrics([run_id]).step.tolist() == written and run["last_step"] == steps - 1
+    assert [e["status"] for e in read_events(Path(run["run_dir"])) if e["kind"] == "status"][-1] == "finished"
+    _wait_for(lambda: not _group_pids(run["handle"]["pgid"]), store, timeout=60)  # then nothing of the run is left
+    exit_code = Path(run["run_dir"]) / "exit_code"
+    # the wrapper outlived the trainer and recorded how its launcher ended; a killed wrapper records nothing
+    assert (exit_code.read_text().strip() == "137") if victim == "launcher" else not exit_code.exists()
+
+
 def test_collector_restart_mid_run_gives_no_gap_and_no_duplicate(fresh_home):
     """Two collector processes (`python -m workbench collect`) started and killed mid-run,
     overlapping; a third (`collect --once`) after the run ended picks up exactly the rest.
@@ -248,3 +280,54 @@ def test_hostile_or_invalid_input_is_refused_and_changes_nothing(fresh_home, arg
 def test_unknown_target_raises_launch_error(fresh_home):
     with pytest.raises(LaunchError, match="target='gopher' is not allowed"):
         launch(load_recipe("grpo"), target="gopher", store=RunStore())
+
+
+def _without_root_overrides() -> None:
+    """preexec_fn: a child that obeys file permission bits even as root. Root bypasses them through
+    CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH; dropped from the bounding set before exec, an exec'd
+    root process no longer has them (uid 0 gets the bounding set as its capabilities). Needs
+    CAP_SETPCAP, which root has unless the container removed it."""
+    if os.geteuid() != 0:
+        return
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP needs CAP_SETPCAP")
+
+
+def test_read_only_store_is_one_line_error_exit_2_and_leaves_nothing(fresh_home, tmp_path):
+    """runs.db chmod 444 (made binding for root too, see _without_root_overrides): `launch` used to
+    print a traceback and leave a run directory; `collect --once` said "ingested 0 rows", exit 0."""
+    store = RunStore()
+    run_dir = fresh_home / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "events.jsonl").write_text(json.dumps({"kind": "metrics", "step": 0, "time": 1.0, "metrics": {}}) + "\n")
+    store.create_run(run_id="r1", name="grpo", algorithm="grpo", recipe_yaml="name: grpo\n", total_steps=4, target="local",
+                     launcher="local", host="localhost", created_by="ann", run_dir=str(run_dir))
+    sleeper = subprocess.Popen(["sleep", "300"])
+    from workbench.runs.launchers.local import _start_time
+
+    store.update_run("r1", handle={"pid": sleeper.pid, "pgid": sleeper.pid, "start_time": _start_time(sleeper.pid)})
+    store.set_status("r1", "running")
+    os.chmod(store.path, 0o444)
+    env = dict(os.environ, WORKBENCH_HOME=str(fresh_home))
+    try:
+        for args in (["launch", "grpo", "--set", "train.steps=2"], ["collect", "--once"]):
+            try:
+                out = subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env,
+                                     timeout=300, preexec_fn=_without_root_overrides)
+            except subprocess.SubprocessError as err:
+                from tests.helpers import missing_component
+
+                missing_component(f"cannot run a child that obeys file permissions as root: {err}")
+            assert out.returncode == 2, (args, out.stdout, out.stderr)
+            assert out.stderr.startswith(f"error: run store {store.path} is read-only") and out.stderr.count("\n") == 1, out.stderr
+            assert "ingested" not in out.stdout
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        os.chmod(store.path, 0o644)
+    assert sorted(p.name for p in (fresh_home / "runs").iterdir()) == ["r1"]  # no stray run directory
+    assert list(store.list_runs().id) == ["r1"] and store.get_run("r1")["last_step"] == -1

@@ -188,16 +188,21 @@ def test_update_run_checks_fields_and_existence(tmp_path):
         store.update_run("nope", notes="x")
 
 
+# The runs table of the oldest store files (before skipped_events, warnings, arm, seed, sweep).
+OLDEST_RUNS_TABLE = (
+    "CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, algorithm TEXT NOT NULL, status TEXT NOT NULL,"
+    " target TEXT NOT NULL, launcher TEXT NOT NULL, host TEXT NOT NULL, created_by TEXT NOT NULL,"
+    " created_at REAL NOT NULL, started_at REAL, ended_at REAL, grp TEXT, tags TEXT NOT NULL DEFAULT '[]',"
+    " notes TEXT NOT NULL DEFAULT '', recipe TEXT NOT NULL, run_dir TEXT NOT NULL, launch TEXT NOT NULL DEFAULT '{}',"
+    " handle TEXT NOT NULL DEFAULT '{}', events_offset INTEGER NOT NULL DEFAULT 0,"
+    " last_step INTEGER NOT NULL DEFAULT -1, total_steps INTEGER NOT NULL, reward REAL, error TEXT,"
+    " cancel_requested INTEGER NOT NULL DEFAULT 0)")
+
+
 def test_store_file_of_an_older_version_gains_the_new_column(tmp_path):
     path = tmp_path / "runs.db"
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, algorithm TEXT NOT NULL, status TEXT NOT NULL,"
-               " target TEXT NOT NULL, launcher TEXT NOT NULL, host TEXT NOT NULL, created_by TEXT NOT NULL,"
-               " created_at REAL NOT NULL, started_at REAL, ended_at REAL, grp TEXT, tags TEXT NOT NULL DEFAULT '[]',"
-               " notes TEXT NOT NULL DEFAULT '', recipe TEXT NOT NULL, run_dir TEXT NOT NULL, launch TEXT NOT NULL DEFAULT '{}',"
-               " handle TEXT NOT NULL DEFAULT '{}', events_offset INTEGER NOT NULL DEFAULT 0,"
-               " last_step INTEGER NOT NULL DEFAULT -1, total_steps INTEGER NOT NULL, reward REAL, error TEXT,"
-               " cancel_requested INTEGER NOT NULL DEFAULT 0)")
+    db.execute(OLDEST_RUNS_TABLE)
     db.commit()
     db.close()
     store = RunStore(path)

@@ -2,7 +2,9 @@
 it never gets stuck on one bad run, and gives runs that cannot go on a final status."""
 
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -104,3 +106,94 @@ def test_run_needing_more_gpus_than_exist_fails_at_once(tmp_path, monkeypatch):
     assert (run["status"], run["handle"]) == ("failed", {})
     assert run["error"] == ("this run needs 2 GPUs (one per process) but only 1 can be used here "
                             "(gpu_slots=None, visible: [0]); launch it with at most 1 processes")
+
+
+@pytest.fixture
+def live_process():
+    """A real process that keeps running until the test kills it (or the test ends)."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _handle(proc: subprocess.Popen) -> dict:
+    return {"pid": proc.pid, "pgid": proc.pid, "start_time": _start_time(proc.pid)}
+
+
+OUT_OF_RANGE = [  # lines json.loads accepts but SQLite (or a finite metric) cannot hold
+    '{"kind": "metrics", "step": 12345678901234567890123, "time": 3.0, "metrics": {"reward": 0.5}}',
+    '{"kind": "metrics", "step": 1, "time": 3.0, "metrics": {"reward": 12345678901234567890123}}',
+    '{"kind": "metrics", "step": 1, "time": 3.0, "metrics": {"reward": 1e999}}',
+    '{"kind": "metrics", "step": 1, "time": 3.0, "metrics": {"reward": 0.5, "kl": NaN}}',
+    '{"kind": "metrics", "step": 1, "time": 3.0, "metrics": {"reward": 0.5, "x": [1, {"y": -9223372036854775809}]}}',
+    '{"kind": "samples", "step": 1, "time": 3.0, "samples": [{"completion": "2", "reward": -Infinity}]}',
+    '{"kind": "status", "step": 1, "time": 1e400, "status": "failed"}',
+]
+
+
+def test_numbers_sqlite_cannot_hold_are_skipped_counted_and_the_stream_goes_on(tmp_path, live_process):
+    """A step of 12345678901234567890123 used to raise OverflowError in every ingest pass: nothing
+    behind it landed and the run stayed `running` forever. Every number of every event is checked."""
+    store = RunStore(tmp_path / "runs.db")
+    edge = {"kind": "metrics", "step": 2**63 - 1, "time": 4.0, "metrics": {"reward": -1.5, "n": -(2**63)}}  # still fits
+    _running_run(store, "r1", tmp_path / "r1", [*STARTED, _metrics(0), *OUT_OF_RANGE, _metrics(2), edge],
+                 handle=_handle(live_process))
+    sync(store, Settings())
+    run = store.get_run("r1")
+    assert (run["status"], run["skipped_events"], run["last_step"], run["reward"]) == ("running", 7, 2**63 - 1, -1.5)
+    assert store.metrics(["r1"]).step.tolist() == [0, 2, 2**63 - 1] and store.samples("r1").empty
+    assert run["warnings"] == ["7 events were skipped; first: number 12345678901234567890123 is out of range or not "
+                               "finite (kind='metrics')"]
+    live_process.kill()
+    live_process.wait()
+    sync(store, Settings())
+    assert store.get_run("r1")["status"] == "lost"  # not stuck
+
+
+def test_a_shrunk_or_replaced_events_file_is_read_again_and_reported(tmp_path, live_process):
+    """The file shrinks below the ingested offset (truncated, then the trainer appends), or is
+    replaced by a longer one: the lines written since are not lost, and the run says what happened.
+    A line that is not JSON is skipped and counted like any other bad event."""
+    store = RunStore(tmp_path / "runs.db")
+    events = tmp_path / "r1" / "events.jsonl"
+    _running_run(store, "r1", tmp_path / "r1", [*STARTED, *map(_metrics, range(5))], handle=_handle(live_process))
+    sync(store, Settings())
+    ingested = store.get_run("r1")["events_offset"]
+    assert ingested == events.stat().st_size and store.get_run("r1")["last_step"] == 4
+    events.write_text("".join(json.dumps(_metrics(s)) + "\n" for s in (5, 6)) + '{"kind": "metrics", "st\n')
+    shrunk = events.stat().st_size
+    assert shrunk < ingested
+    sync(store, Settings())
+    run = store.get_run("r1")
+    assert store.metrics(["r1"]).step.tolist() == list(range(7)) and run["events_offset"] == shrunk
+    assert run["skipped_events"] == 1
+    assert run["warnings"] == [
+        "1 event was skipped; first: not a JSON object: <line that is not JSON: b'{\"kind\": \"metrics\", \"st'>",
+        f"events.jsonl shrank from {ingested} bytes ingested to {shrunk} bytes (truncated or replaced); "
+        "read again from the start"]
+    longer = {**_metrics(7), "metrics": {"reward": 1.75, "pad": "x" * shrunk}}  # byte shrunk-1 is no newline now
+    events.write_text(json.dumps(longer) + "\n")
+    assert events.read_bytes()[shrunk - 1:shrunk] != b"\n"
+    sync(store, Settings())
+    run = store.get_run("r1")
+    assert store.metrics(["r1"]).step.tolist() == list(range(8)) and (run["last_step"], run["reward"]) == (7, 1.75)
+    assert run["warnings"][-1] == f"events.jsonl was rewritten before byte {shrunk} (replaced); read again from the start"
+
+
+def test_the_run_layer_imports_no_torch(tmp_path):
+    """Listing, showing and collecting runs go through the store, the collector and the launchers:
+    none of them may import torch (seconds per command). A queued run makes sync look for GPUs."""
+    code = ("import sys\n"
+            "from workbench.runs import RunStore, Settings, sync\n"
+            f"store = RunStore({str(tmp_path / 'runs.db')!r})\n"
+            "store.create_run(run_id='q1', name='grpo', algorithm='grpo', recipe_yaml='name: grpo\\n', total_steps=4,"
+            " target='local', launcher='local', host='localhost', created_by='ann', run_dir='/nonexistent')\n"
+            "store.update_run('q1', cancel_requested=1)\n"  # queued and being cancelled: never started
+            "sync(store, Settings())\n"
+            "store.list_runs(); store.get_run('q1')\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

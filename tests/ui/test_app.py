@@ -19,3 +19,37 @@ def test_app_opens_on_launch_with_every_section(home):
     assert [p.title for p in sections["Workbench"]] == ["Launch", "Runs", "Live / Compare", "Export", "Settings"]
     assert [p.url_path for p in sections["Workbench"]] == ["launch", "runs", "compare", "export", "settings"]
     assert [p.title for p in sections["Labs"]] == [title for _, title, _ in LAB_PAGES]
+
+
+def test_the_app_opens_without_importing_torch(home):
+    """The first visit to Launch showed skeletons for ~8 s: building the navigation imported every
+    lab and through it torch. A fresh interpreter renders the app and has not imported torch."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom streamlit.testing.v1 import AppTest\n"
+              f"at = AppTest.from_file({APP!r}, default_timeout=120).run()\n"
+              "assert not at.exception, at.exception\n"
+              "print(at.title[0].value, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["Launch", "False"]
+
+
+def test_lab_walkthrough_titles_match_the_walkthroughs():
+    """The navigation lists the walkthroughs without importing them (torch): its titles are the
+    walkthroughs' own."""
+    from workbench.ui.labs import WALKTHROUGH_TITLES
+    from workbench.ui.labs.estimators import WALKTHROUGHS
+
+    assert WALKTHROUGH_TITLES == {key: w.title for key, w in WALKTHROUGHS.items()}
+
+
+def test_opening_a_page_by_its_address_opens_it(home):
+    """'/' is a hidden page that switches to Launch, so that Launch has its own address (/launch):
+    the default page is served only at '/', and /launch said "Page not found"."""
+    from workbench.ui.nav import navigation
+
+    pages = [p for section in navigation().values() for p in section]
+    default = [p for p in pages if p._default]
+    assert len(default) == 1 and default[0].visibility == "hidden"

@@ -35,11 +35,24 @@ def test_group_shows_every_panel_with_one_trace_per_run(home, group):
                           "KL to the reference", "Entropy", "Clip ratios", "Completion length", "Truncated completions",
                           "Losses", "Gradient norm", "Step time (s)"]
     reward = figs["Reward (batch mean)"]
-    assert [t["name"] for t in reward] == ["grpo", "rloo"]
+    assert [t["name"] for t in reward] == ["grpo (raw)", "grpo", "rloo (raw)", "rloo"]  # smoothed by default
     assert reward[0]["x"] == [0.0, 1.0, 2.0, 3.0] and reward[0]["y"] == [0.0, 0.01, 0.02, 0.03]
-    assert reward[1]["y"] == [0.5, 0.51, 0.52, 0.53]
-    assert [t["name"] for t in figs["Clip ratios"]][:3] == ["grpo · low_mean", "grpo · high_mean", "grpo · region_mean"]
-    assert [t["name"] for t in figs["Losses"]] == ["grpo", "rloo"]  # no value loss logged: one line per run
+    assert reward[2]["y"] == [0.5, 0.51, 0.52, 0.53]
+    assert [t["name"] for t in figs["Clip ratios"]][1:6:2] == ["grpo · low_mean", "grpo · high_mean", "grpo · region_mean"]
+    assert [t["name"] for t in figs["Losses"] if not t["name"].endswith("(raw)")] == ["grpo", "rloo"]  # no value loss
+
+
+def test_smoothing_defaults_to_tensorboards_ema_with_the_raw_curve_faint(home, group):
+    """Smoothing 0 made reward curves read as noise: the default is EMA 0.6 (TensorBoard's), with
+    the raw values drawn faint behind each smoothed line."""
+    at = page("compare_page").run()
+    assert at.slider(key="compare_smoothing").value == 0.6
+    raw, smooth = charts(at)["Reward (batch mean)"][:2]
+    assert raw["name"] == "grpo (raw)" and raw["opacity"] == 0.25 and raw["showlegend"] is False
+    # debiased EMA, w = 0.6, of 0, 0.01: s1 = 0, s2 = 0.4 * 0.01 / (1 - 0.36)
+    assert smooth["y"][:2] == pytest.approx([0.0, 0.004 / 0.64])
+    at.slider(key="compare_smoothing").set_value(0.0).run()
+    assert [t["name"] for t in charts(at)["Reward (batch mean)"]] == ["grpo", "rloo"]
 
 
 def test_smoothing_and_x_axis_controls(home, group):
@@ -63,7 +76,7 @@ def test_chart_selection_and_chosen_runs(home, group):
     assert list(charts(at)) == ["KL to the reference", "Entropy"]
     at.radio(key="compare_mode").set_value("Runs").run()
     at.multiselect(key="compare_pick").set_value([b]).run()
-    assert [t["name"] for t in charts(at)["KL to the reference"]] == ["rloo"]
+    assert [t["name"] for t in charts(at)["KL to the reference"]] == ["rloo (raw)", "rloo"]
 
 
 def test_final_metrics_and_samples(home, group):

@@ -111,7 +111,9 @@ def test_aggregation_lab_book_example_and_errors(lab_home):
     assert df.loc[("seq-mean-token-sum-norm", 0), "grad_wrt_ratio"] == pytest.approx(1 / 7)
     assert df.loc[("token-mean", 0), "weight"] == pytest.approx(1 / 11)
     fig = chart(at, "agg_fig")
-    assert [t["name"] for t in fig["data"]] == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    assert [t["name"] for t in fig["data"]] == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                                "seq-mean-token-sum-norm", "token-sum-norm"]
+    assert df.loc[("token-sum-norm", 0), "grad_wrt_ratio"] == pytest.approx(2 / 7)  # verl < 0.9: / L_max only
     assert len(values(fig["data"][0]["y"])) == 11
     at.text_area(key="agg_losses").input("1, 1\n1, x").run()
     assert "per-token losses line 2='1, x'" in at.error[0].value
@@ -165,6 +167,31 @@ def test_walkthrough_inputs_and_errors(lab_home):
     pg = at.dataframe[0].value
     assert pg["CISPO grad"].tolist()[-1] == pytest.approx(1.28)  # log-ratio 2.0: weight capped, gradient kept
     assert pg["PPO clip grad"].tolist()[-1] == 0.0
+
+
+def test_grpo_walkthrough_shows_the_engines_advantages(tmp_path, monkeypatch):
+    """Same rewards, same numbers as a run: the page's table is compute_advantages on float32
+    rewards (the engine's), bit for bit, and an all-equal group is exactly 0 (0.2 x 8 showed
+    -0.015 in the Samples table; 0.7 x 3 at eps 0 was 1 ulp / 1 ulp in the page's float64)."""
+    from workbench.core import REWARD_DTYPE, AdvantageConfig, compute_advantages
+
+    monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
+    monkeypatch.delenv("WORKBENCH_PASSWORD", raising=False)
+    rewards = [0.2] * 8 + [1.0] + [0.0] * 7
+    at = lab("walkthrough-grpo").run()
+    at.text_input(key="grpo_rewards").input(", ".join(map(str, rewards)))
+    at.number_input(key="grpo_G").set_value(8).run()
+    assert not at.exception and not at.error
+    table = next(d.value for d in at.dataframe if "GRPO" in d.value.columns)
+    engine = compute_advantages("grpo", torch.tensor(rewards, dtype=REWARD_DTYPE), torch.ones(16, 1),
+                                AdvantageConfig(group_size=8, eps=1e-6)).advantages[:, 0]
+    assert table["GRPO"].tolist() == engine.tolist()
+    assert table["GRPO"].tolist()[:8] == [0.0] * 8
+    at.text_input(key="grpo_rewards").input("0.7, 0.7, 0.7")
+    at.number_input(key="grpo_G").set_value(3)
+    at.number_input(key="grpo_eps").set_value(0.0).run()
+    table = next(d.value for d in at.dataframe if "GRPO" in d.value.columns)
+    assert table["GRPO"].tolist() == [0.0] * 3 and table["RLOO"].tolist() == [0.0] * 3
 
 
 def test_walkthroughs_show_where_the_clip_formula_is(lab_home):
@@ -253,3 +280,44 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     assert not np.isnan(values(dr["y"])).all()
     heat = chart(at, "lens_heatmap")["data"][0]
     assert heat["x"] == ["clip", "gspo", "cispo", "reinforce"]
+
+
+def test_lens_lab_shows_the_run_it_just_launched(lab_home):
+    """After "Launch GRPO with the lens" the selector stayed on the older run, under the success box."""
+    store, run_id = lab_home
+    from workbench.runs import cancel
+
+    at = lab("lab-lens").run()
+    at.selectbox(key="lens_run").select(run_id).run()
+    at.button(key="lens_launch").click().run()
+    assert not at.exception and at.success
+    (new_id,) = at.session_state["compare_runs"]
+    try:
+        assert new_id != run_id and at.selectbox(key="lens_run").value == new_id
+        assert new_id in at.success[0].value
+        assert "No lens events yet" in at.info[-1].value  # lens_every = 2: they are coming
+    finally:
+        cancel(new_id, store=store)
+
+
+def test_kl_lab_says_when_it_renormalises_and_prints_no_rounding_noise(lab_home):
+    at = lab("lab-kl").run()
+    assert not at.info  # the defaults sum to 1
+    assert at.dataframe[0].value.set_index("estimator").loc["k3", "bias"] == 0.0  # was 1.1e-16
+    at.text_input(key="kl_ref").input("1, 1, 1, 1").run()
+    assert at.info[0].value == "ref sums to 4, not 1: divided by 4, it is used as 0.25, 0.25, 0.25, 0.25."
+    assert at.dataframe[0].proto.columns  # formatted columns (significant figures) are configured
+    assert '"format": "%.4g"' in at.dataframe[0].proto.columns
+
+
+@pytest.mark.parametrize("url, std_note", [("walkthrough-grpo", True), ("walkthrough-ppo", False),
+                                           ("walkthrough-gspo", True), ("walkthrough-cispo", True),
+                                           ("walkthrough-rloo", False)])
+def test_known_biases_are_each_presets_own(lab_home, url, std_note):
+    """GRPO's std note was repeated on every walkthrough; now a walkthrough shows the biases its
+    preset's settings have (GSPO and CISPO presets do use group-std advantages; PPO's GAE does not)."""
+    at = lab(url).run()
+    text = " ".join(m.value for m in at.markdown)
+    assert ("Std normalisation rescales each group" in text) is std_note
+    if url == "walkthrough-ppo":
+        assert any("Neither known bias applies to the ppo preset" in c.value for c in at.caption)

@@ -7,7 +7,8 @@ from tests.ui.conftest import page
 from tests.ui.seed import add_run
 from workbench import runs as wr
 from workbench.recipe import Algorithm, Recipe, load_recipe
-from workbench.ui.recipe_form import comparison_recipes, field_specs, validate_form
+from workbench.recipe import preset_names
+from workbench.ui.recipe_form import comparison_recipes, field_rows, field_specs, is_relevant, validate_form
 
 
 def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
@@ -21,7 +22,8 @@ def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
     expected |= {f"{s}.{f}" for s, model in sections.items() for f in model.model_fields}
     assert {s.path for s in specs} == expected
     keys = {w.key for kind in ("text_input", "selectbox", "checkbox", "multiselect") for w in getattr(at, kind)}
-    assert {s.key for s in specs} <= keys
+    variants = {"rf:algorithm.gspo_variant", "rf:algorithm.cispo_bounds", "rf:algorithm.reinforce_form"}
+    assert {s.key for s in specs} - variants <= keys  # GRPO: the other losses' variants are not shown
     eps_low = at.text_input(key="rf:algorithm.eps_low")
     assert eps_low.value == "0.2"
     assert eps_low.help == Algorithm.model_fields["eps_low"].description
@@ -55,6 +57,43 @@ def test_cross_field_error_names_the_fields(home):
     at.text_input(key="rf:train.minibatches").input("5").run()
     text = " ".join(e.value for e in at.error)
     assert "sampling.prompts_per_step x sampling.num_generations = 32" in text and "train.minibatches x train.grad_accum = 5" in text
+    # the summary by the launch button names the fields (it said "Fix 1 field(s) before launching: recipe")
+    assert at.error[-1].value == ("Fix these fields before launching: sampling.prompts_per_step (Sampling tab), "
+                                  "sampling.num_generations (Sampling tab), train.minibatches (Training tab), "
+                                  "train.grad_accum (Training tab)")
+
+
+def test_algorithm_tab_shows_only_the_chosen_losss_and_estimators_options(home):
+    """A GRPO recipe showed GSPO's and CISPO's options too. A variant choice named after a
+    registered policy loss / estimator is shown only while that one is chosen."""
+    at = page("launch_page").run()
+    shown = lambda: {w.key for w in at.selectbox}  # noqa: E731
+    assert "rf:algorithm.grpo_scale" in shown()
+    assert not {"rf:algorithm.gspo_variant", "rf:algorithm.cispo_bounds", "rf:algorithm.reinforce_form"} & shown()
+    at.selectbox(key="rf:algorithm.policy_loss").select("gspo").run()
+    assert "rf:algorithm.gspo_variant" in shown() and "rf:algorithm.cispo_bounds" not in shown()
+    at.selectbox(key="rf:algorithm.advantage").select("rloo").run()
+    assert "rf:algorithm.grpo_scale" not in shown()
+    assert not at.exception and not at.error  # hidden fields keep their values: the recipe still validates
+
+
+def test_eps_low_sits_beside_eps_high_for_every_preset():
+    for name in preset_names():
+        data = load_recipe(name).to_dict()
+        values = {s.path: data["algorithm"].get(s.label) for s in field_specs() if s.path.startswith("algorithm.")}
+        fields = [s for s in field_specs() if s.path.startswith("algorithm.") and is_relevant(s, values)]
+        row = next(r for r in field_rows(fields) if "algorithm.eps_low" in [s.path for s in r])
+        paths = [s.path for s in row]
+        assert paths.index("algorithm.eps_high") == paths.index("algorithm.eps_low") + 1, (name, paths)
+
+
+def test_an_invalid_field_in_another_tab_keeps_the_tab_bar(home):
+    """The labels used to gain a warning sign, which made a new tab bar and showed the first tab."""
+    at = page("launch_page").run()
+    labels = [t.label for t in at.tabs]
+    at.text_input(key="rf:train.minibatches").input("-3").run()
+    assert at.error and [t.label for t in at.tabs] == labels == ["Algorithm", "Sampling", "Optimiser", "Training", "Logging"]
+    assert "train.minibatches (Training tab)" in at.error[-1].value
 
 
 def test_unsafe_inputs_are_refused(home):
@@ -81,7 +120,7 @@ def test_comparison_shares_data_and_seed_but_keeps_each_algorithm():
     grpo, ppo = comparison_recipes(base, ["ppo"])
     assert grpo is base
     assert (ppo.name, ppo.algorithm.advantage, ppo.train.minibatches, ppo.train.mu) == ("ppo", "gae", 2, 2)
-    assert (ppo.train.steps, ppo.train.seed, ppo.sampling.num_generations, ppo.task) == (7, 5, 4, "arithmetic")
+    assert (ppo.train.steps, ppo.train.seed, ppo.sampling.num_generations, ppo.task) == (7, 5, 4, "arithmetic_four")
 
 
 def test_previous_run_as_starting_point(home, store):
@@ -123,6 +162,26 @@ def test_quick_comparison_launches_grpo_rloo_ppo(home, store, cleanup):
     runs = store.list_runs()
     assert sorted(runs["algorithm"]) == ["grpo", "ppo", "rloo"]
     assert runs["group"].nunique() == 1 and runs["group"][0].startswith("quick-")
+
+
+def test_quick_comparison_says_what_it_launched_and_a_second_click_launches_nothing(home, store, cleanup):
+    """It used to give no feedback, so users clicked again and launched a second group."""
+    at = page("launch_page").run()
+    at.button(key="quick_compare").click().run()
+    group = store.list_runs()["group"][0]
+    assert group in at.success[0].value and "Watch them on **Live / Compare**" in at.success[0].value
+    assert [link.proto.label for link in at.get("page_link")] == ["Open Live / Compare"]
+    button = at.button(key="quick_compare")
+    assert button.disabled and group in button.help  # while the group's runs are active: no second group
+    at.run()
+    assert at.button(key="quick_compare").disabled and len(store.list_runs()) == 3
+
+
+def test_a_single_launch_says_watch_it(home, store, cleanup):
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.steps").input("2").run()
+    at.button(key="launch_go").click().run()
+    assert "Launched run: `" in at.success[0].value and at.success[0].value.endswith("Watch it on **Live / Compare**.")
 
 
 def test_unreachable_target_shows_the_launchers_error(home, store):

@@ -127,3 +127,30 @@ def test_signed_out_session_sees_runs_with_actions_disabled(home, store, monkeyp
             assert button.help == reason, key
     finally:
         live.stop()
+
+
+def test_algorithm_column_shows_the_preset_not_the_run_name(home, store):
+    """A run named by its user showed that name as its algorithm."""
+    from workbench import runs as wr
+    from workbench.recipe import load_recipe
+
+    named = wr.launch(load_recipe("dapo", ["name=my-experiment", "train.steps=1"]), store=store, created_by="t")
+    tweaked = wr.launch(load_recipe("grpo", ["name=wider", "algorithm.eps_high=0.5", "train.steps=1"]), store=store,
+                        created_by="t")
+    try:
+        df = page("runs_page").run().dataframe[0].value.set_index("id")
+        assert df.loc[named, "name"] == "my-experiment" and df.loc[named, "algorithm"] == "dapo"
+        assert df.loc[tweaked, "algorithm"] == "grpo (modified)"
+    finally:
+        for run_id in (named, tweaked):
+            wr.cancel(run_id, store=store, grace_s=5)
+
+
+def test_manage_selector_names_runs_without_a_status_that_could_go_stale(home, store):
+    """The selector's label said 'starting' while the run ran and 'running' after a cancel (the
+    browser keeps an option's label as first drawn); the status line beside it is refreshed."""
+    a, b, c = seed(store)
+    at = page("runs_page").run()
+    assert set(at.selectbox(key="runs_selected").options) == {f"alpha · {a}", f"beta · {b}", f"gamma · {c}"}
+    at.selectbox(key="runs_selected").select(c).run()
+    assert any(m.value.startswith("Status: **failed**") for m in at.markdown)

@@ -38,7 +38,7 @@ def test_streamlit_server_answers_health(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
         cwd=ROOT, env={**os.environ, "WORKBENCH_HOME": str(tmp_path)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

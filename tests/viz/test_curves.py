@@ -112,3 +112,20 @@ def test_progress_fraction():
 
 def test_step_label_counts_steps_done():
     assert (step_label(-1, 30), step_label(14, 30), step_label(29, 30)) == ("0/30", "15/30", "30/30")
+
+
+def test_legend_sits_above_the_plot_away_from_the_x_axis_title():
+    """The x-axis title is drawn under the plot area (paper y < 0); a legend at y = -0.2 covered it.
+    The legend now starts above the plot area (paper y > 1, anchored at its bottom) in one row,
+    under a title placed at the top of the figure, with a top margin that holds both."""
+    for key in ("reward", "clip"):
+        layout = spec(metric_figure(frame(), key, labels={"a": "grpo", "b": "rloo"}))["layout"]
+        legend = layout["legend"]
+        assert legend["orientation"] == "h" and legend["yanchor"] == "bottom" and legend["y"] > 1.0
+        assert layout["xaxis"]["title"]["text"] == "step"
+        assert layout["title"]["yref"] == "container" and layout["title"]["yanchor"] == "top"
+        top_px = layout["margin"]["t"]
+        plot_px = layout["height"] - top_px - layout["margin"]["b"]
+        legend_bottom_px = (legend["y"] - 1.0) * plot_px  # above the plot area
+        title_px = (1.0 - layout["title"]["y"]) * layout["height"] + layout["title"]["font"]["size"] * 1.5
+        assert legend_bottom_px + 20 + title_px <= top_px  # one legend row (~20 px) and the title fit

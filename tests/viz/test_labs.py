@@ -74,6 +74,16 @@ def test_analytic_figure_traces_and_six_shaded_regions():
     assert table.loc[6, "objective"] == "R A  (c A beyond the dual clip c: loss -c A)"
 
 
+def test_every_annotation_of_the_analytic_figure_has_text():
+    """An annotation without text is drawn by plotly.js as its placeholder "new text" (it was in
+    every shaded region of the gradient plots): each annotation carries its own label."""
+    curves = reg.analytic_curves(CFG, gspo=PolicyLossConfig(0.05, 0.05), cispo=PolicyLossConfig(1.0, 0.28), ratios=RATIOS)
+    annotations = json.loads(reg.analytic_figure(curves, CFG).to_json())["layout"]["annotations"]
+    assert all(str(a.get("text") or "").strip() for a in annotations), [a for a in annotations if not a.get("text")]
+    region_labels = [a["text"] for a in annotations if ":" in a["text"]]
+    assert len(region_labels) == 3 + 4  # one per shaded region, on the objective column only
+
+
 def test_region_bands_use_the_smaller_of_dual_clip_and_delta():
     bands = reg.region_bands(PolicyLossConfig(eps_low=0.2, eps_high=0.28, clip_c=3.0, delta=2.0), -1, 4.0)
     assert [x for lo, hi, *_ in bands for x in (lo, hi)] == pytest.approx([0.0, 0.8, 0.8, 1.28, 1.28, 2.0, 2.0, 4.0])
@@ -146,6 +156,18 @@ def test_book_example_per_token_gradients():
     loss = table.groupby("mode")["loss"].first()
     assert loss["seq-mean-token-mean"] == pytest.approx(2.0)
     assert loss["seq-mean-token-sum-norm"] == pytest.approx((8 + 14) / 14)
+    # verl < 0.9's convention, no division by B = 2: 2 / 7 on every token, loss (8 + 14) / 7
+    assert first["token-sum-norm"].tolist() == pytest.approx([2 / 7, 2 / 7])
+    assert loss["token-sum-norm"] == pytest.approx((8 + 14) / 7)
+
+
+def test_lab_shows_every_registered_aggregation():
+    """The lab's modes are core's registry, in its order: a mode added to core appears here."""
+    from workbench.core import LOSS_AGGREGATIONS
+
+    assert agg.LAB_MODES == LOSS_AGGREGATIONS.names()
+    assert "token-sum-norm" in agg.LAB_MODES
+    assert len({agg.MODE_COLORS[m] for m in agg.LAB_MODES}) == len(agg.LAB_MODES)  # one colour each
 
 
 def test_aggregation_figure_and_parse_errors():
@@ -167,8 +189,9 @@ def test_run_batch_weights_by_hand():
     assert w.loc[("token-mean", 0), "weight"] == pytest.approx(1 / 6)
     assert w.loc[("seq-mean-token-sum-norm", 1), "weight"] == pytest.approx(1 / 8)
     assert w.loc[("seq-mean-token-sum", 1), "total"] == pytest.approx(2.0)
+    assert w.loc[("token-sum-norm", 0), "weight"] == pytest.approx(1 / 4)  # 1 / L_max
     fig = json.loads(agg.weight_vs_length_figure(w.reset_index(), "token-mean").to_json())
-    assert [t["line"]["width"] for t in fig["data"]] == [4, 2, 2, 2]
+    assert [t["line"]["width"] for t in fig["data"]] == [4] + [2] * (len(agg.LAB_MODES) - 1)
 
 
 def test_length_drift_figure():
@@ -192,6 +215,24 @@ def test_all_estimators_side_by_side_by_hand():
     assert [d["name"] for d in fig["data"]] == [v.label for v in est.SEQUENCE_VARIANTS]
     with pytest.raises(ValueError, match="group size=3"):
         est.sequence_advantages([1, 0, 0, 0], group_size=3)
+
+
+def test_walkthrough_shows_the_engines_advantages_for_the_same_rewards():
+    """The walkthrough table = core's compute_advantages on the rewards as the engine scores them
+    (float32): bit for bit, so the page and the run's Samples table cannot disagree. An all-equal
+    group (0.2 x 8, the issue's example) is exactly 0 under every group baseline, and a batch of
+    equal rewards (0.7 x 3, one ulp off even in float64) is exactly 0 in every column."""
+    from workbench.core import REWARD_DTYPE, AdvantageConfig, compute_advantages
+
+    rewards = [0.2] * 8 + [1, 0, 0, 0, 0, 0, 0, 0]
+    t = est.sequence_advantages(rewards, group_size=8, eps=1e-6)
+    engine = compute_advantages("grpo", torch.tensor(rewards, dtype=REWARD_DTYPE), torch.ones(16, 4),
+                                AdvantageConfig(group_size=8, eps=1e-6)).advantages[:, 0]
+    assert t["GRPO"].tolist() == engine.tolist()
+    for col in ("GRPO", "Dr. GRPO", "GRPO (batch std)", "RLOO"):  # the group baselines, unwhitened
+        assert t[col].tolist()[:8] == [0.0] * 8, col
+    t = est.sequence_advantages([0.7] * 3, group_size=3)
+    assert all(t[v.label].tolist() == [0.0] * 3 for v in est.SEQUENCE_VARIANTS)
 
 
 def test_gae_table_by_hand():
@@ -241,6 +282,23 @@ def test_kl_moments_by_hand():
     assert bv.loc[("k1", 4), "std"] == pytest.approx(math.sqrt(0.25 * (d1 - d0) ** 2 / 4))
     with pytest.raises(ValueError, match=r"pi=\[1.0, 0.0\]"):
         klv.categorical([1.0, 0.0], "pi")
+
+
+def test_kl_bias_within_float_rounding_is_exactly_zero():
+    """E[k3] - KL came out as 1.1e-16 for the page's default pi and ref and was printed as a bias
+    "0.0000000000000001"; a real bias (k2's, k3's under the clamp) is left as it is."""
+    pi, ref = klv.categorical([0.5, 0.3, 0.15, 0.05], "pi"), klv.categorical([0.25] * 4, "ref")
+    m = klv.estimator_moments(pi, ref).set_index("estimator")
+    assert m.loc["k1", "bias"] == 0.0 and m.loc["k3", "bias"] == 0.0
+    assert m.loc["k2", "bias"] == pytest.approx(-0.03474692094953993, rel=1e-12)
+    assert klv.snap_rounding_noise(1.1102230246251565e-16, 0.244, 0.244) == 0.0
+    assert klv.snap_rounding_noise(1e-9, 0.244, 0.244) == 1e-9  # far above 64 ulps (1.4e-14)
+
+
+def test_kl_normalisation_note_says_what_was_divided():
+    assert klv.normalisation_note([0.5, 0.5], "pi") is None
+    assert klv.normalisation_note([1, 3], "ref") == "ref sums to 4, not 1: divided by 4, it is used as 0.25, 0.75."
+    assert klv.categorical([1, 3], "ref").tolist() == [0.25, 0.75]
 
 
 def test_k3_has_lower_variance_than_k1_when_pi_is_close_to_ref():

@@ -6,51 +6,43 @@ each (see each module's docstring); unknown names fail with the list of register
 shapes that do not fit fail naming the tensor and both shapes.
 """
 
-from .advantages import (
-    ADVANTAGE_ESTIMATORS,
-    CRITIC_ESTIMATORS,
-    GROUP_ESTIMATORS,
-    GRPO_SCALES,
-    TOKEN_LEVEL_ESTIMATORS,
-    AdvantageConfig,
-    Advantages,
-    compute_advantages,
-    kl_shaped_sequence_rewards,
-    token_level_rewards,
-)
-from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, batch_normalizers
-from .diagnostics import length_metrics, reward_metrics, token_mean_metric
-from .kl import KL_ESTIMATORS, KL_PLACEMENTS, kl_per_token
-from .masked import masked_mean, masked_sum, masked_var, masked_whiten
-from .masks import opsm_mask, truncation_mask
-from .objective import token_objective
-from .policy_losses import (
-    POLICY_LOSSES,
-    REGION_NAMES,
-    PolicyDiagnostics,
-    PolicyLossConfig,
-    clipped_objective,
-    compute_policy_loss,
-    dual_clip_cap,
-    ppo_regions,
-    sequence_log_ratio,
-)
-from .registry import Registry, UnknownNameError, check_choice
-from .scan import reverse_discounted_cumsum
-from .shapes import ShapeError
-from .tokens import entropy_from_logits, logprobs_from_logits
-from .value_loss import clipped_value_loss
+import importlib
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GRPO_SCALES", "TOKEN_LEVEL_ESTIMATORS", "AdvantageConfig", "Advantages",
-    "compute_advantages", "kl_shaped_sequence_rewards", "token_level_rewards",
-    "LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers",
-    "length_metrics", "reward_metrics", "token_mean_metric",
-    "KL_ESTIMATORS", "KL_PLACEMENTS", "kl_per_token",
-    "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "opsm_mask", "truncation_mask", "token_objective",
-    "POLICY_LOSSES", "REGION_NAMES", "PolicyDiagnostics", "PolicyLossConfig", "clipped_objective",
-    "compute_policy_loss", "dual_clip_cap", "ppo_regions", "sequence_log_ratio",
-    "Registry", "UnknownNameError", "check_choice", "reverse_discounted_cumsum", "ShapeError",
-    "entropy_from_logits", "logprobs_from_logits", "clipped_value_loss",
-]
+# Public name -> the submodule defining it. The submodules import torch, so nothing is imported
+# until a name is first used (PEP 562): the recipe reads the torch-free ``choices`` and
+# ``registry`` modules, and commands that do not train never load torch.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "advantages": ("ADVANTAGE_ESTIMATORS", "REWARD_DTYPE", "AdvantageConfig", "Advantages", "combine_rewards",
+                   "compute_advantages", "kl_shaped_sequence_rewards", "token_level_rewards"),
+    "aggregation": ("LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers"),
+    "choices": ("BASELINE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GRPO_SCALES", "IS_LEVELS", "IS_MODES",
+                "MULTI_REWARD_MODES", "TOKEN_LEVEL_ESTIMATORS", "KL_PLACEMENTS", "PolicyLossConfig"),
+    "correction": ("rollout_correction",),
+    "diagnostics": ("length_metrics", "reward_metrics", "token_mean_metric"),
+    "kl": ("KL_ESTIMATORS", "kl_per_token"),
+    "masked": ("masked_mean", "masked_sum", "masked_var", "masked_whiten"),
+    "masks": ("high_entropy_mask", "opsm_mask", "truncation_mask"),
+    "objective": ("token_objective",),
+    "policy_losses": ("POLICY_LOSSES", "REGION_NAMES", "PolicyDiagnostics", "clipped_objective", "compute_policy_loss",
+                      "dual_clip_cap", "ppo_regions", "sequence_log_ratio", "token_covariance"),
+    "registry": ("Registry", "UnknownNameError", "check_choice"),
+    "scan": ("reverse_discounted_cumsum",),
+    "shapes": ("ShapeError",),
+    "tokens": ("entropy_from_logits", "logprobs_from_logits"),
+    "value_loss": ("clipped_value_loss",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -3,6 +3,10 @@
     fn(rewards (B,), mask (B, T), cfg: AdvantageConfig, *, kl (B, T) | None, values (B, T) | None)
         -> Advantages(advantages (B, T), returns (B, T))
 
+Estimators in BASELINE_ESTIMATORS (ReMax) also take ``baselines`` (B,): the reward of the
+prompt's greedy completion, repeated for each of its G sampled completions. ``compute_advantages``
+passes it to those only, so the contract of the others is unchanged.
+
 B = number of completions, grouped contiguously by prompt in groups of ``cfg.group_size`` (G).
 Sequence-level estimators broadcast one scalar per completion over its valid tokens; token-level
 ones (REINFORCE++, GAE) give each token its own value. Padding is always 0.
@@ -19,6 +23,14 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .choices import (  # noqa: F401 (no torch)
+    BASELINE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    GRPO_SCALES,
+    MULTI_REWARD_MODES,
+    TOKEN_LEVEL_ESTIMATORS,
+)
 from .masked import last_valid_index, masked_sum, masked_whiten, zero_padding
 from .registry import Registry, check_choice
 from .scan import next_valid_value, reverse_discounted_cumsum
@@ -57,14 +69,12 @@ class Advantages(NamedTuple):
     returns: torch.Tensor  # (B, T): value targets for GAE, = advantages otherwise
 
 
+# The dtype the engine scores rewards in, and the least compute_advantages works in. The
+# walkthrough pages compute in it too, so they show the engine's numbers bit for bit.
+REWARD_DTYPE = torch.float32
+
 AdvantageFn = Callable[..., Advantages]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
-GRPO_SCALES: tuple[str, ...] = ("group", "batch", "none")
-TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
-# Estimators whose baseline is the other completions of the prompt's group: they need G >= 2.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline"})
-# Estimators that read a critic's values (B, T).
-CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +114,33 @@ def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.view(-1, group_size)
 
 
+def equal_groups(grouped: torch.Tensor) -> torch.Tensor:
+    """(N, G) -> (N, 1) bool: True where every reward of the group is the same number (an exact
+    comparison: such groups get advantage exactly 0, and count as zero-std in the metrics)."""
+    return grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
+
+
+def _zero_equal_groups(scores: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
+    """Set the (N, G) scores of groups whose rewards are all equal to exactly 0.
+
+    Why: such a group carries no signal, and its centred rewards r_i - mean_g are 0 in exact
+    arithmetic but not in floating point: float32 sums 0.2 eight times to 1.6000001, so mean_g is
+    one ulp above 0.2 and r_i - mean_g = -1.5e-8; GRPO then divides by std_g + eps, where std_g
+    is itself ~1.6e-8 of rounding and eps = 1e-6, turning it into A = -0.015 on every completion
+    (-0.12 for 1.9485582 x 8). Rounding the mean more carefully only moves the problem (float64
+    inputs, other sizes), whereas max == min is an exact comparison for any values and dtype, so
+    equal groups get exact zeros, before any batch whitening (GRPO sets them after its division,
+    so that eps = 0 cannot make 0 / 0). Groups with any spread, however small, are left to the
+    formula: their rounding error is small next to a real spread.
+    """
+    return scores.masked_fill(equal_groups(grouped), 0.0)
+
+
+def _centred(grouped: torch.Tensor) -> torch.Tensor:
+    """r_i - mean_g per group, exactly 0 in all-equal groups. (N, G) -> (N, G)."""
+    return _zero_equal_groups(grouped - grouped.mean(dim=1, keepdim=True), grouped)
+
+
 # ---------------------------------------------------------------------------------------------
 # GRPO's std choices: each maps grouped rewards (N, G) and all rewards (B,) to a std (N, 1) or None.
 
@@ -137,7 +174,8 @@ def grpo_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     std = _GRPO_STD[check_choice("scale", cfg.scale, GRPO_SCALES)](grouped, r)
     scores = centered if std is None else centered / (std + cfg.eps)
-    return _broadcast(scores.reshape(-1), mask)
+    # all-equal groups exactly 0, set after the division: with eps = 0 their 0 / 0 would be NaN
+    return _broadcast(_zero_equal_groups(scores, grouped).reshape(-1), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
@@ -152,14 +190,15 @@ def rloo_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None
     if G < 2:
         return _broadcast(torch.zeros_like(r), mask)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (G - 1)
-    return _broadcast((grouped - baseline).reshape(-1), mask)
+    return _broadcast(_zero_equal_groups(grouped - baseline, grouped).reshape(-1), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce")
 def reinforce_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
-    """REINFORCE with a batch-mean baseline (Williams 1992): A_i = r_i - mean over the batch."""
+    """REINFORCE with a batch-mean baseline (Williams 1992): A_i = r_i - mean over the batch
+    (exactly 0 when every reward of the batch is equal)."""
     r = kl_shaped_sequence_rewards(rewards, mask, kl, cfg.kl_coef)
-    return _broadcast(r - r.mean(), mask)
+    return _broadcast(_centred(r.view(1, -1)).reshape(-1), mask)
 
 
 def _reinforce_pp_from_sequence_rewards(r, mask, cfg: AdvantageConfig, kl) -> Advantages:
@@ -183,8 +222,7 @@ def reinforce_pp_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=
     (verl's version whitens sequence scores that include the summed KL; with gamma = 1 and no
     KL the two agree.)
     """
-    grouped = _groups(rewards, cfg.group_size)
-    centered = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    centered = _centred(_groups(rewards, cfg.group_size)).reshape(-1)
     return _reinforce_pp_from_sequence_rewards(centered, mask, cfg, kl)
 
 
@@ -208,6 +246,103 @@ def gae_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None)
     return Advantages(adv, returns)
 
 
+@ADVANTAGE_ESTIMATORS.register("remax")
+def remax_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, baselines=None) -> Advantages:
+    """ReMax (Li et al. 2023, arXiv 2310.10505; verl ``remax``): A_i = r_i - b_i, where b_i is the
+    reward of a greedy completion of the same prompt (one extra rollout per prompt, not trained on).
+
+    baselines: (B,), one per completion (the greedy reward of its prompt, repeated G times), as
+    verl's ``reward_baselines``. With the KL in the reward, r_i is shaped as in the other sequence
+    estimators (r_i - kl_coef sum_t kl_it) and A_i is the same on every token; verl instead
+    subtracts b_i from the per-token returns-to-go of the KL-shaped token rewards. Without an
+    in-reward KL the two agree.
+    """
+    if baselines is None:
+        raise ValueError("advantage estimator 'remax' needs baselines (B,): the reward of each prompt's greedy completion")
+    r = kl_shaped_sequence_rewards(rewards, mask, kl, cfg.kl_coef)
+    return _broadcast(r - baselines.to(r.dtype), mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("opo")
+def opo_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+    """OPO, the length-weighted optimal baseline (Hao et al. 2025, arXiv 2505.23585; verl ``opo``):
+
+        b_g = sum_{j in g} n_j r_j / sum_{j in g} n_j,     A_i = r_i - b_g        (n_j = valid tokens)
+
+    the variance-minimising baseline when every token of a completion carries its reward. A
+    group of one gets b = r, i.e. A = 0, as every group estimator here (verl special-cases it to
+    b = 0, A = r). All-equal groups get exactly 0.
+    """
+    r = kl_shaped_sequence_rewards(rewards, mask, kl, cfg.kl_coef)
+    grouped = _groups(r, cfg.group_size)
+    lengths = _groups(mask.sum(dim=1).to(r.dtype), cfg.group_size)
+    baseline = (lengths * grouped).sum(dim=1, keepdim=True) / lengths.sum(dim=1, keepdim=True).clamp(min=1)
+    return _broadcast(_zero_equal_groups(grouped - baseline, grouped).reshape(-1), mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo_passk")
+def grpo_passk_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+    """Pass@k advantages in GRPO form (verl ``compute_grpo_passk_outcome_advantage``, after
+    arXiv 2503.19595): only the group's best completion is credited,
+
+        A_best = (r_max - r_second) / (std_g + eps),   every other A_i = 0
+
+    so the update raises the chance that *one* of the G samples is right (pass@k), not the mean.
+    ``scale`` picks the std as for ``grpo`` (verl has group / none). Ties for the best give 0.
+    A group of one gets 0 (verl raises).
+    """
+    r = kl_shaped_sequence_rewards(rewards, mask, kl, cfg.kl_coef)
+    grouped = _groups(r, cfg.group_size)
+    if cfg.group_size < 2:
+        return _broadcast(torch.zeros_like(r), mask)
+    top = grouped.topk(2, dim=1)
+    margin = top.values[:, :1] - top.values[:, 1:]
+    std = _GRPO_STD[check_choice("scale", cfg.scale, GRPO_SCALES)](grouped, r)
+    margin = margin if std is None else margin / (std + cfg.eps)
+    scores = torch.zeros_like(grouped).scatter(1, top.indices[:, :1], margin)
+    return _broadcast(_zero_equal_groups(scores, grouped).reshape(-1), mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# several reward functions
+
+
+def combine_rewards(per_func: torch.Tensor, weights: torch.Tensor | None = None, mode: str = "sum_then_normalize",
+                    group_size: int = 1, eps: float = 1e-4) -> torch.Tensor:
+    """One reward per completion from F reward functions' scores. per_func (B, F) -> (B,).
+
+        sum_then_normalize   r_i = sum_k w_k r_ik        (TRL's default; the estimator normalises)
+        normalize_then_sum   r_i = sum_k w_k (r_ik - mean_g r_k) / (std_g r_k + eps)
+                             (GDPO, arXiv 2601.05242: each reward is normalised within its group
+                             first, so one with a large scale or spread cannot drown the others)
+
+    weights: (F,), default 1 each. group_size G as in AdvantageConfig; std unbiased; a reward
+    whose group values are all equal contributes exactly 0 there. eps: TRL 1e-4, verl 1e-6.
+
+    GDPO then normalises the sum over the batch, and TRL and verl differ there:
+    - TRL (``multi_objective_aggregation="normalize_then_sum"``): (s - mean_batch) / (std_batch + 1e-4)
+      over completions = ``compute_advantages("grpo", s, cfg(scale="batch", eps=1e-4))``, exactly,
+      since every group of s has mean 0 so mean_g = mean_batch = 0.
+    - verl (``gdpo``): masked whitening over *tokens* (each completion weighted by its length) =
+      ``compute_advantages("grpo", s, cfg(scale="none", whiten=True))``.
+    """
+    B, F = check_2d("per_func", per_func)
+    per_func = per_func.to(torch.promote_types(per_func.dtype, REWARD_DTYPE))
+    w = torch.ones(F, dtype=per_func.dtype, device=per_func.device) if weights is None else weights.to(per_func)
+    if w.shape != (F,):
+        raise ShapeError(f"weights must have shape (F,) = ({F},), one per reward function, got {tuple(w.shape)}")
+    if group_size < 1 or B % group_size != 0:
+        raise ShapeError(f"group_size={group_size} must be >= 1 and divide the batch size B={B}")
+    check_choice("mode", mode, MULTI_REWARD_MODES)
+    if mode == "normalize_then_sum":
+        grouped = per_func.T.reshape(F, -1, group_size)  # (F, N, G)
+        centred = grouped - grouped.mean(dim=2, keepdim=True)
+        std = grouped.std(dim=2, keepdim=True) if group_size > 1 else torch.zeros_like(centred[..., :1])
+        same = grouped.amax(dim=2, keepdim=True) == grouped.amin(dim=2, keepdim=True)
+        per_func = (centred / (std + eps)).masked_fill(same, 0.0).reshape(F, B).T
+    return per_func @ w
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -219,18 +354,27 @@ def compute_advantages(
     *,
     kl: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
 ) -> Advantages:
-    """Validate inputs, run the registered estimator, optionally whiten. See module docstring."""
+    """Validate inputs, run the registered estimator, optionally whiten. See module docstring.
+
+    baselines (B,) go to BASELINE_ESTIMATORS only (others ignore them)."""
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
     B, _ = check_2d("mask", mask)
     check_sequence_vector("rewards", rewards, B)
+    extra = {}
+    if estimator in BASELINE_ESTIMATORS:
+        if baselines is None:
+            raise ValueError(f"advantage estimator {estimator!r} needs baselines (B,): the reward of each prompt's greedy completion")
+        check_sequence_vector("baselines", baselines, B)
+        extra["baselines"] = baselines
     check_like("mask", mask, kl=kl, values=values)
     if cfg.group_size < 1 or B % cfg.group_size != 0:
         raise ShapeError(f"group_size={cfg.group_size} must be >= 1 and divide the batch size B={B}")
     if cfg.kl_coef != 0.0 and kl is None:
         raise ValueError(f"kl_coef={cfg.kl_coef} puts the KL in the reward, so kl (B, T) is required")
-    rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
-    out = fn(rewards, mask, cfg, kl=kl, values=values)
+    rewards = rewards.to(torch.promote_types(rewards.dtype, REWARD_DTYPE))
+    out = fn(rewards, mask, cfg, kl=kl, values=values, **extra)
     if cfg.whiten:
         out = Advantages(masked_whiten(out.advantages, mask, shift_mean=True), out.returns)
     return out

@@ -1,15 +1,19 @@
 """Loss aggregation: how per-token losses (B, T) become one scalar (names as in verl).
 
-    token-mean               sum(l m) / sum(m)                     [TRL loss_type dapo / bnpo]
+    token-mean               sum(l m) / sum(m)                     [TRL dapo / bnpo]
     seq-mean-token-mean      mean_i( sum_t l m / n_i )             [TRL grpo]
     seq-mean-token-sum       mean_i( sum_t l m )
-    seq-mean-token-sum-norm  sum(l m) / (B * L_max)                [TRL dr_grpo]
-    token-sum-norm           sum(l m) / L_max                      [verl's seq-mean-token-sum-norm]
+    seq-mean-token-sum-norm  sum(l m) / (B * L_max)                [TRL dr_grpo; verl >= 0.9]
+    token-sum-norm           sum(l m) / L_max                      [verl < 0.9's seq-mean-token-sum-norm]
 
 seq-mean-token-mean gives each token of a short sequence more weight than one of a long
 sequence (1/n_i): a length bias (Dr. GRPO). token-mean and the *-norm modes give every token the
-same weight. verl names the last mode seq-mean-token-sum-norm but, unlike TRL, does not divide by
-the batch: the workbench keeps both conventions under distinct names.
+same weight. Dr. GRPO's normaliser has two conventions. TRL (``loss_type="dr_grpo"``) divides
+by B * L_max; verl 0.9's ``seq-mean-token-sum-norm`` is its seq-mean-token-sum divided by
+``loss_scale_factor`` (default: the padded length), i.e. by (non-empty rows) * L_max, the same
+number when every row has a token and L_max is passed as the scale factor. verl before 0.9
+divided by ``loss_scale_factor`` alone, with no division by the batch: that convention is kept
+here as ``token-sum-norm``. The two differ only by the constant factor B, i.e. the step size.
 
 Global-batch normalisation: when a batch is split into micro-batches (gradient accumulation,
 several ranks), pass the *global* denominators ``num_tokens`` (sum of the loss mask over the whole
@@ -65,14 +69,14 @@ def _require_max_len(max_len, mode: str) -> float:
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss, mask, *, num_tokens, num_seqs, max_len):
-    """sum(l m) / (num_seqs * L_max)  (Dr. GRPO as TRL implements it)."""
+    """sum(l m) / (num_seqs * L_max)  (Dr. GRPO: TRL's dr_grpo, verl >= 0.9)."""
     L = _require_max_len(max_len, "seq-mean-token-sum-norm")
     return masked_sum(loss, mask) / (_as_tensor(num_seqs, loss).clamp(min=1) * L)
 
 
 @LOSS_AGGREGATIONS.register("token-sum-norm")
 def token_sum_norm(loss, mask, *, num_tokens, num_seqs, max_len):
-    """sum(l m) / L_max  (verl's seq-mean-token-sum-norm: no division by the batch)."""
+    """sum(l m) / L_max  (verl < 0.9's seq-mean-token-sum-norm: no division by the batch)."""
     return masked_sum(loss, mask) / _require_max_len(max_len, "token-sum-norm")
 
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from .choices import KL_PLACEMENTS  # noqa: F401 (no torch)
 from .masked import zero_padding
 from .registry import Registry
 from .shapes import check_2d, check_like
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
-KL_PLACEMENTS: tuple[str, ...] = ("in_reward", "in_loss")
 
 # verl clamps the log-ratio and k3 so that one wild token cannot dominate the batch.
 K3_LOG_RATIO_CLAMP = 20.0

@@ -14,67 +14,33 @@ PPO region it fell in and whether its gradient is exactly zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
+from .choices import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS, PolicyLossConfig  # noqa: F401 (no torch: the recipe reads them)
 from .masked import masked_mean, masked_sum, zero_padding
-from .registry import Registry, check_choice
+from .registry import Registry
 from .shapes import check_2d, check_like
 
-# Log-ratios are clamped before exp (verl does the same) so a single token cannot overflow.
+# Token log-ratios are clamped to [-20, 20] before exp, as verl's PPO losses clamp
+# negative_approx_kl, so a single token cannot overflow.
 LOG_RATIO_CLAMP = 20.0
+# GSPO's sequence log-ratio log s_i is clamped from above only, at 10, as verl's
+# compute_policy_loss_gspo does (torch.clamp(log_seq_importance_ratio, max=10.0), verl 0.9.1):
+# s_i is a geometric mean, so e^10 is already far outside any trust region and beyond it the
+# token gets no gradient; below, exp cannot overflow and needs no bound.
+GSPO_LOG_RATIO_MAX = 10.0
+# DPPO truncates its detached ratio at clip_c, default 20 (verl compute_policy_loss_dppo_*:
+# config.get("clip_ratio_c", 20.0)); a large cap, since truncation biases the gradient.
+DPPO_TIS_CAP = 20.0
+# DPPO-KL's binary KL adds 1e-8 inside log((1 - p_old) / (1 - p)) (verl), so p -> 1 stays finite.
+DPPO_KL_EPS = 1e-8
 
 REGION_NAMES: tuple[str, ...] = ("trust", "clipped_high", "clipped_low", "dual_clipped")
 TRUST, CLIPPED_HIGH, CLIPPED_LOW, DUAL_CLIPPED = range(4)
 PADDING = -1  # region code of masked positions
-
-GSPO_VARIANTS: tuple[str, ...] = ("sequence", "token")
-CISPO_BOUNDS: tuple[str, ...] = ("relative", "absolute")
-REINFORCE_FORMS: tuple[str, ...] = ("logp", "ratio")
-
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """Settings of the policy losses (each loss reads the ones it needs).
-
-    eps_low, eps_high: the trust region [1 - eps_low, 1 + eps_high] of the ratio (PPO,
-        Schulman et al. 2017: 0.2/0.2). DAPO's clip-higher (Yu et al. 2025) raises eps_high to
-        0.28 so low-probability tokens can grow, against entropy collapse. GSPO works on a
-        sequence ratio and uses tiny values (3e-4 / 4e-4). CISPO bounds its weight with them.
-    clip_c: dual clip (Ye et al. 2020, verl ``clip_ratio_c``, e.g. 3.0): for A < 0 the loss is
-        capped at -c A, so a token whose ratio exploded cannot produce an unbounded update.
-        None = off. Must exceed 1 + eps_high.
-    delta: TRL's two-sided clipping (``delta``): the ratio in the unclipped term is capped at
-        delta. With delta = c its forward values equal verl's dual clip. None = off.
-    gspo_variant: ``sequence`` (GSPO paper, Zheng et al. 2025: one ratio s_i per sequence, its
-        gradient spread over all tokens) or ``token`` (verl's GSPO-token: same forward value,
-        log s_it = sg(log s_i) + logp_t - sg(logp_t), per-token gradient).
-    cispo_bounds: CISPO (MiniMax-M1, 2025) weight bounds. ``relative`` clips the ratio to
-        [1 - eps_low, 1 + eps_high] (verl); ``absolute`` caps it at eps_high with no lower bound
-        (TRL, where epsilon_high ~ 5).
-    reinforce_form: vanilla policy gradient as -A logp (``logp``) or -A rho with rho from a
-        stop-grad old policy (``ratio``); same gradient on-policy, different loss values.
-    """
-
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    clip_c: float | None = None
-    delta: float | None = None
-    gspo_variant: str = "sequence"
-    cispo_bounds: str = "relative"
-    reinforce_form: str = "logp"
-
-    def __post_init__(self) -> None:
-        if self.eps_low < 0 or self.eps_high < 0:
-            raise ValueError(f"eps_low={self.eps_low}, eps_high={self.eps_high}: both must be >= 0")
-        for name, cap in (("clip_c", self.clip_c), ("delta", self.delta)):
-            if cap is not None and cap <= 1.0 + self.eps_high:
-                raise ValueError(f"{name}={cap} must be greater than 1 + eps_high = {1.0 + self.eps_high}")
-        check_choice("gspo_variant", self.gspo_variant, GSPO_VARIANTS)
-        check_choice("cispo_bounds", self.cispo_bounds, CISPO_BOUNDS)
-        check_choice("reinforce_form", self.reinforce_form, REINFORCE_FORMS)
 
 
 @dataclass
@@ -187,13 +153,14 @@ def sequence_log_ratio(logp, old_logp, mask) -> torch.Tensor:
 @POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     """GSPO (Zheng et al. 2025): the clipped objective on the sequence ratio s_i, the same on
-    every token of sequence i. Clip fractions are fractions of *sequences*."""
+    every token of sequence i, with log s_i clamped at GSPO_LOG_RATIO_MAX (verl's 10). Clip
+    fractions are fractions of *sequences*."""
     log_s = sequence_log_ratio(logp, old_logp, mask)[:, None]
     if cfg.gspo_variant == "token":  # verl: sg(log s_i) + logp - sg(logp)
         log_s = log_s.detach() + logp - logp.detach()
     else:
         log_s = log_s.expand_as(logp)
-    ratio = safe_exp(log_s)
+    ratio = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
     loss, diag = _finish(clipped_objective(ratio, advantages, cfg), ratio, advantages, mask, cfg, logp, old_logp)
     # With sequence-level advantages every valid token of a sequence shares its region (a
     # clipped sequence passes no gradient to any token), so report fractions of sequences; with
@@ -242,6 +209,218 @@ def reinforce_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfi
     region = _label(nothing, nothing, None, mask)
     metrics = {**_region_metrics(region, mask), "approx_kl": approx_kl(logp, old_logp, mask)}
     return loss, PolicyDiagnostics(metrics, ratio.detach(), region, (advantages == 0) | ~mask.bool())
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv 2511.20347): a smooth gate
+    in place of the hard clip,
+
+        loss_t = -f(rho_t) A_t,   f(rho) = sigmoid(tau (rho - 1)) * 4 / tau,
+        tau = sapo_tau_pos if A_t > 0 else sapo_tau_neg        (TRL loss_type="sapo", verl "sapo")
+
+    d loss / d logp = -A * 4 sigmoid(x)(1 - sigmoid(x)) rho with x = tau (rho - 1): equal to the
+    policy gradient -A at rho = 1, decaying smoothly (never exactly 0) as rho leaves 1, faster
+    for larger tau. No token is clipped, so every region is ``trust``; ``sapo/gate_mean`` is
+    the mean of 4 s (1 - s) rho over valid tokens (1 on-policy): how much of the gradient passes.
+    """
+    ratio = safe_exp(logp - old_logp)
+    pos, neg = (torch.as_tensor(t, dtype=ratio.dtype, device=ratio.device) for t in (cfg.sapo_tau_pos, cfg.sapo_tau_neg))
+    tau = torch.where(advantages > 0, pos, neg)
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = zero_padding(-gate * (4.0 / tau) * advantages, mask)
+    passed = (4.0 * gate * (1.0 - gate) * ratio).detach()
+    return _unclipped(loss, ratio, advantages, mask, logp, old_logp, {"sapo/gate_mean": masked_mean(passed, mask)})
+
+
+def _unclipped(loss, ratio, advantages, mask, logp, old_logp, extra=None, zero_grad=None):
+    """Diagnostics of a loss with no hard clip: every valid token is ``trust``."""
+    nothing = torch.zeros_like(mask, dtype=torch.bool)
+    region = _label(nothing, nothing, None, mask)
+    if zero_grad is None:
+        zero_grad = (advantages == 0) | ~mask.bool()
+    metrics = {**_region_metrics(region, mask), "approx_kl": approx_kl(logp, old_logp, mask), **(extra or {})}
+    return loss, PolicyDiagnostics(metrics, ratio.detach(), region, zero_grad)
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv 2507.20673; verl
+    ``geo_mean``): the sequence objective uses the geometric mean of token ratios clipped in
+    log space,
+
+        l_t   = logp_t - old_t
+        l~_t  = sign(A) min(sign(A) l_t, sign(A) clip(l_t, -eps_low, eps_high))
+        R_i   = exp( sum_t l~_t m_t / n_i ),   A_i = sum_t A_t m_t / n_i
+        loss_i = -A_i R_i                        (written on every valid token of sequence i)
+
+    eps_low / eps_high bound the *log*-ratio (the paper's 0.4 = ratio in [e^-0.4, e^0.4]).
+    A clipped token (A > 0 and l > eps_high, or A < 0 and l < -eps_low) gets no gradient, the
+    others of its sequence still do. verl averages loss_i over sequences: aggregate with
+    ``seq-mean-token-mean`` to get the same number. l_t is clamped to +-LOG_RATIO_CLAMP (verl
+    leaves that clamp commented out; the two agree for |l_t| < 20).
+    """
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    sign = torch.sign(advantages)
+    clamped = log_ratio.clamp(-cfg.eps_low, cfg.eps_high)
+    kept = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    n = mask.sum(dim=1, keepdim=True).clamp(min=1).to(logp.dtype)
+    seq_ratio = torch.exp(masked_sum(kept, mask, dim=1)[:, None] / n)  # (B, 1)
+    seq_adv = masked_sum(advantages, mask, dim=1)[:, None] / n
+    loss = zero_padding((-seq_adv * seq_ratio).expand_as(logp), mask)
+    detached = log_ratio.detach()
+    high = (advantages > 0) & (detached > cfg.eps_high)
+    low = (advantages < 0) & (detached < -cfg.eps_low)
+    region = _label(high, low, None, mask)
+    zero_grad = high | low | (seq_adv == 0).expand_as(high) | ~mask.bool()
+    metrics = {**_region_metrics(region, mask), "approx_kl": approx_kl(logp, old_logp, mask)}
+    return loss, PolicyDiagnostics(metrics, seq_ratio.detach().expand_as(logp), region, zero_grad)
+
+
+def _dppo_tv_valid(logp, old_logp, advantages, cfg):
+    """DPPO-Binary-TV trust region: A > 0 keeps p - p_old <= eps_high, A <= 0 keeps p - p_old >= -eps_low."""
+    prob, old_prob = torch.exp(logp), torch.exp(old_logp)
+    return torch.where(advantages > 0, prob - old_prob <= cfg.eps_high, prob - old_prob >= -cfg.eps_low)
+
+
+def _dppo_kl_valid(logp, old_logp, advantages, cfg):
+    """DPPO-Binary-KL trust region on the two-outcome KL between Bernoulli(p_old) and Bernoulli(p)
+    (did the sampled token come out or not):
+        KL_b = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + e) / (1 - p + e)),  e = 1e-8
+    A > 0 keeps KL_b <= eps_high or p <= p_old; A <= 0 keeps KL_b <= eps_low or p >= p_old."""
+    prob, old_prob = torch.exp(logp), torch.exp(old_logp)
+    binary_kl = old_prob * (old_logp - logp) + (1 - old_prob) * torch.log(
+        (1.0 - old_prob + DPPO_KL_EPS) / (1.0 - prob + DPPO_KL_EPS))
+    return torch.where(advantages > 0, (binary_kl <= cfg.eps_high) | (prob <= old_prob),
+                       (binary_kl <= cfg.eps_low) | (prob >= old_prob))
+
+
+def _dppo_loss(logp, old_logp, advantages, mask, cfg, valid_fn):
+    """DPPO (Divergence PPO, arXiv 2602.04879; verl ``dppo_tv`` / ``dppo_kl``): the trust region
+    is set on a divergence between the token's old and new *probabilities* rather than on their
+    ratio (a ratio of 100 from 1e-5 to 1e-3 is a tiny move; 0.99 -> 0.8 is a large one):
+
+        loss_t = -A_t sg(min(rho_t, C)) logp_t valid_t,    C = clip_c or DPPO_TIS_CAP (20)
+
+    valid_t (detached) comes from ``valid_fn``. The gradient is -A min(rho, C) d logp inside the
+    region and exactly 0 outside. eps_low / eps_high are the divergence thresholds. Regions:
+    clipped_high = outside with A > 0, clipped_low = outside with A < 0; ``dppo/masked_mean`` is
+    every token outside (verl's pg_clipfrac), ``dppo/truncated_mean`` the valid tokens whose
+    ratio was truncated at C.
+    """
+    cap = cfg.clip_c if cfg.clip_c is not None else DPPO_TIS_CAP
+    ratio = safe_exp(logp - old_logp)
+    truncated = ratio.detach().clamp(max=cap)
+    valid = valid_fn(logp.detach(), old_logp, advantages, cfg)
+    loss = zero_padding(-advantages * truncated * logp * valid.to(logp.dtype), mask)
+    region = _label(~valid & (advantages > 0), ~valid & (advantages < 0), None, mask)
+    zero_grad = ~valid | (advantages == 0) | ~mask.bool()
+    metrics = {
+        **_region_metrics(region, mask),
+        "dppo/masked_mean": masked_mean((~valid).to(logp.dtype), mask),
+        "dppo/truncated_mean": masked_mean(((ratio.detach() > cap) & valid).to(logp.dtype), mask),
+        "approx_kl": approx_kl(logp, old_logp, mask),
+    }
+    return loss, PolicyDiagnostics(metrics, ratio.detach(), region, zero_grad)
+
+
+@POLICY_LOSSES.register("dppo_tv")
+def dppo_tv_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """DPPO-Binary-TV: valid iff p - p_old <= eps_high (A > 0) / >= -eps_low (A <= 0). See _dppo_loss."""
+    return _dppo_loss(logp, old_logp, advantages, mask, cfg, _dppo_tv_valid)
+
+
+@POLICY_LOSSES.register("dppo_kl")
+def dppo_kl_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """DPPO-Binary-KL: valid iff the binary KL is within eps_high / eps_low or p moved the way
+    the advantage does not push it. See _dppo_loss and _dppo_kl_valid."""
+    return _dppo_loss(logp, old_logp, advantages, mask, cfg, _dppo_kl_valid)
+
+
+def token_covariance(logp, advantages, mask) -> torch.Tensor:
+    """Cov_t = (A_t - mean A)(logp_t - mean logp), means over the valid tokens of the batch
+    (Cui et al. 2025: entropy falls in proportion to this covariance). (B, T) -> (B, T), detached."""
+    a, lp = advantages.detach(), logp.detach()
+    return (a - masked_mean(a, mask)) * (lp - masked_mean(lp, mask))
+
+
+def _valid_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the valid tokens, row-major. (B, T) -> (N,). Selections index into this, so
+    they do not depend on where padding sits."""
+    return torch.nonzero(mask.reshape(-1) > 0).squeeze(1)
+
+
+def _flat_select(mask: torch.Tensor, flat_idx: torch.Tensor) -> torch.Tensor:
+    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    selected[flat_idx] = True
+    return selected.view_as(mask)
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs"; verl
+    ``clip_cov``): the PPO clipped loss (no dual clip), plus: among the valid tokens not already
+    clipped whose covariance Cov_t (``token_covariance``) lies strictly inside
+    (clip_cov_lb, clip_cov_ub), k = max(1, floor(clip_cov_ratio * n_valid)) are drawn at random
+    and their loss is set to 0 (the paper detaches them; verl, followed here, zeroes the value
+    too; the gradient is the same: none).
+
+        loss_t = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) * (1 - selected_t)
+
+    The draw uses ``cfg.cov_seed`` (see PolicyLossConfig) over the valid tokens in row-major
+    order, so it does not depend on padding. Statistics are over the tokens of this call (as in
+    verl: per micro-batch). ``clip_cov/selected_mean`` = fraction of valid tokens drawn.
+    """
+    plain = replace(cfg, clip_c=None, delta=None)
+    ratio = safe_exp(logp - old_logp)
+    per_token = clipped_objective(ratio, advantages, plain)
+    region, zero_grad = ppo_regions(ratio.detach(), advantages, mask, plain)
+    cov = token_covariance(logp, advantages, mask)
+    candidates = (region == TRUST) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub) & mask.bool()
+    valid = _valid_positions(mask)
+    pool = torch.nonzero(candidates.reshape(-1)[valid]).squeeze(1)  # positions within the valid tokens
+    k = min(max(int(cfg.clip_cov_ratio * valid.numel()), 1), pool.numel())
+    generator = None if cfg.cov_seed is None else torch.Generator().manual_seed(cfg.cov_seed)
+    drawn = pool[torch.randperm(pool.numel(), generator=generator)[:k].to(pool.device)]
+    selected = _flat_select(mask, valid[drawn])
+    loss = zero_padding(per_token * (~selected).to(per_token.dtype), mask)
+    metrics = {
+        **_region_metrics(region, mask),
+        "clip_cov/selected_mean": masked_mean(selected.to(logp.dtype), mask),
+        "approx_kl": approx_kl(logp, old_logp, mask),
+    }
+    return loss, PolicyDiagnostics(metrics, ratio.detach(), region, zero_grad | selected)
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """KL-Cov (same paper; verl ``kl_cov``): no clipping; the k = max(1, floor(kl_cov_ratio *
+    n_valid)) valid tokens with the largest Cov_t (``token_covariance``, deterministic top-k) get
+    a KL penalty on the ratio:
+
+        loss_t = -A_t rho_t + kl_cov_coef |logp_t - old_t| selected_t
+
+    ``kl_cov/selected_mean`` = fraction of valid tokens penalised. Statistics are per call.
+    """
+    ratio = safe_exp(logp - old_logp)
+    log_ratio = logp - old_logp
+    valid = _valid_positions(mask)
+    k = min(max(int(cfg.kl_cov_ratio * valid.numel()), 1), valid.numel())
+    cov = token_covariance(logp, advantages, mask).reshape(-1)[valid]
+    selected = _flat_select(mask, valid[torch.topk(cov, k).indices])
+    penalty = cfg.kl_cov_coef * log_ratio.abs() * selected.to(logp.dtype)
+    loss = zero_padding(-advantages * ratio + penalty, mask)
+    zero_grad = ((advantages == 0) & (~selected | (log_ratio.detach() == 0))) | ~mask.bool()
+    extra = {"kl_cov/selected_mean": masked_mean(selected.to(logp.dtype), mask)}
+    return _unclipped(loss, ratio, advantages, mask, logp, old_logp, extra, zero_grad)
+
+
+@POLICY_LOSSES.register("gpg")
+def gpg_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """GPG, Group Policy Gradient (Chu et al. 2025, arXiv 2504.02546; verl ``gpg``): the plain
+    policy gradient -A_t logp_t, no ratio, no clip (= ``reinforce`` with reinforce_form="logp",
+    whatever cfg says). d loss / d logp_t = -A_t on every valid token."""
+    return reinforce_policy_loss(logp, old_logp, advantages, mask, replace(cfg, reinforce_form="logp"))
 
 
 def compute_policy_loss(

@@ -31,7 +31,9 @@ def clipped_value_loss(
         loss, clipfrac = 0.5 * unclipped, torch.zeros((), dtype=values.dtype)
     else:
         old = old_values.detach()
-        v_clipped = old + (values - old).clamp(-clip_range_value, clip_range_value)
+        # clip V itself: V_old + clamp(V - V_old, +-c) rounds V - V_old and so can return a
+        # number one ulp away from an unclipped V, whose term then counts (and acts) as clipped
+        v_clipped = torch.clamp(values, old - clip_range_value, old + clip_range_value)
         clipped = (v_clipped - returns) ** 2
         loss = 0.5 * torch.maximum(unclipped, clipped)
         clipfrac = masked_mean((clipped > unclipped).float(), mask)

@@ -41,6 +41,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from workbench.core import (
     ADVANTAGE_ESTIMATORS,
+    BASELINE_ESTIMATORS,
     CRITIC_ESTIMATORS,
     GRPO_SCALES,
     POLICY_LOSSES,
@@ -80,15 +81,18 @@ def lens_estimators() -> dict[str, tuple[str, dict]]:
 
 
 def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageConfig, *,
-                    kl: torch.Tensor | None = None, values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    kl: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                    baselines: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Advantages (B, T) of every lens estimator on one batch, with the run's settings ``base``
     (group size, eps, gamma, lambda, in-reward KL, whitening). rewards (B,), mask (B, T).
-    Estimators that read a critic's values join only when ``values`` is given."""
+    Estimators that read a critic's values join only when ``values`` is given; those that need a
+    greedy baseline (ReMax) only when the run generated one (``baselines`` (B,))."""
     out = {}
     for key, (name, overrides) in lens_estimators().items():
-        if name in CRITIC_ESTIMATORS and values is None:
+        if (name in CRITIC_ESTIMATORS and values is None) or (name in BASELINE_ESTIMATORS and baselines is None):
             continue
-        out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values).advantages
+        out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values,
+                                      baselines=baselines).advantages
     return out
 
 

@@ -25,7 +25,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where rewards are scored: the app lists these functions without it
+    import torch
 
 RewardFn = Callable[..., Any]
 
@@ -214,7 +217,7 @@ def _run_coroutines(coros: list[Any]) -> list[Any]:
 
 def _as_rewards(name: str, result: Any, batch_size: int) -> list[float]:
     """Validate one function's output -> B floats (None -> NaN), else RewardFunctionError."""
-    if isinstance(result, torch.Tensor):
+    if type(result).__module__ == "torch" and hasattr(result, "tolist"):  # a tensor (torch.Tensor)
         result = result.tolist()
     if isinstance(result, (str, bytes, dict)) or not hasattr(result, "__len__"):
         raise RewardFunctionError(
@@ -233,11 +236,15 @@ def _as_rewards(name: str, result: Any, batch_size: int) -> list[float]:
             rewards.append(math.nan)
             continue
         try:
-            rewards.append(float(value))
+            reward = float(value)
         except (TypeError, ValueError) as exc:
             raise RewardFunctionError(
                 f"reward function {name!r} returned {value!r} at index {index}; expected a float or None"
             ) from exc
+        if math.isinf(reward):  # NaN is TRL's "no reward" (like None); an infinity is a bug in the function
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {reward} at index {index}; expected a finite float or None")
+        rewards.append(reward)
     return rewards
 
 
@@ -296,6 +303,8 @@ def compute_rewards(
         RewardFunctionError naming the function when one raises (original exception chained)
         or returns the wrong number of rewards; ValueError for misaligned inputs.
     """
+    import torch
+
     batch_size = len(prompts)
     if len(completions) != batch_size or len(completion_ids) != batch_size:
         raise ValueError(

@@ -101,6 +101,24 @@ def arithmetic_drill_rows(n: int, seed: int) -> list[Row]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
+#: The presets' default task: four one-digit problems the warmed-up tiny model answers right
+#: about a third of the time. Fixed (not drawn with the run's seed): drawn sets vary in
+#: difficulty, and on some of them a preset's reward stayed flat for 80 steps.
+ARITHMETIC_FOUR = (("3+2=", "5"), ("7-4=", "3"), ("6+1=", "7"), ("9-5=", "4"))
+
+
+def arithmetic_four_rows(n: int, seed: int) -> list[Row]:
+    """The four problems of ``ARITHMETIC_FOUR`` repeated to ``n`` rows, starting at problem
+    ``seed % 4`` (the set never depends on the seed; the trainer shuffles rows with the run's seed).
+
+    Within 60 steps on the tiny model (seconds on a CPU) the reward of every preset but CISPO
+    rose on every seed measured (+0.19 to +0.80; CISPO: +0.46, -0.11, +0.01 on seeds 3-5); it
+    measures memorising four answers, nothing more.
+    """
+    pool = [{"prompt": p, "answer": a, "reference": a} for p, a in ARITHMETIC_FOUR]
+    return [pool[(i + seed) % len(pool)] for i in range(n)]
+
+
 def reverse_rows(n: int, seed: int) -> list[Row]:
     """Reverse: ``"rev:abcd="`` -> ``"dcba"`` (3-6 letters from ``abcde``).
 
@@ -175,6 +193,16 @@ register_task(
         reward_funcs=("exact_match", "format"),
         reward_weights=(1.0, 0.2),
         make_dataset=arithmetic_drill_rows,
+    )
+)
+register_task(
+    Task(
+        name="arithmetic_four",
+        description="4 fixed one-digit problems, repeated: the reward rises within 60 steps (seconds on a "
+        "CPU); the presets' default.",
+        reward_funcs=("exact_match", "format"),
+        reward_weights=(1.0, 0.2),
+        make_dataset=arithmetic_four_rows,
     )
 )
 register_task(

@@ -38,6 +38,7 @@ from transformers import (
 
 from workbench.engine.tasks import Row, get_task
 from workbench.home import confined_path, workbench_home
+from workbench.recipe import TINY_MAX_POSITIONS
 
 TINY_NAME = "tiny"
 #: Cache directory name; bump the suffix whenever the build recipe below changes.
@@ -52,7 +53,7 @@ ALPHABET = (
     "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     " +-*=?:.,()<>/!'\"_#%;[]{}&|^~@$\\`\n"
 )
-MAX_POSITIONS = 256
+MAX_POSITIONS = TINY_MAX_POSITIONS  # one definition, which recipe validation reads without torch
 
 # Architecture: 4 x (attention 4*128*128 + MLP 3*128*352) + tied embeddings ~= 0.81M parameters.
 MODEL_SHAPE = dict(

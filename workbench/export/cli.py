@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from workbench.export.scripts import DEVICES, EXPORTERS, BashOptions, ExportError, SlurmOptions
+from workbench.export.scripts import DEVICES, EXPORTERS, BashOptions, SlurmOptions
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
 
 # sbatch options the command line can set; those not given come from ``slurm_defaults()``, else SlurmOptions'.
@@ -56,12 +56,9 @@ def _options(args, slurm_defaults: DefaultsLoader | None) -> BashOptions | Slurm
 
 
 def _cmd_export(args, *, resolve_run: RunResolver | None, slurm_defaults: DefaultsLoader | None) -> int:
-    try:
-        recipe = resolve_recipe(args.recipe, args.set, resolve_run)
-        text = EXPORTERS.get(args.to)(recipe, _options(args, slurm_defaults))
-    except (RecipeError, ExportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    """Write the export; a RecipeError / ExportError reaches the CLI's handler (one line, exit 2)."""
+    recipe = resolve_recipe(args.recipe, args.set, resolve_run)
+    text = EXPORTERS.get(args.to)(recipe, _options(args, slurm_defaults))
     if args.to == "sbatch" and args.vllm_node:
         print("note: the vLLM node runs `trl vllm-serve`, but the workbench engine generates colocated "
               "(train.rollout=vllm) and does not use that server; see the comment in the script", file=sys.stderr)

@@ -4,13 +4,15 @@ The UI and the CLI only call what is exported here.
 """
 
 from workbench.runs.launchers import ConfigError, LaunchError
-from workbench.runs.quickstart import quickstart_recipes
-from workbench.runs.service import cancel, delete, ensure_collector, launch, launch_group, sync, wait
+from workbench.runs.quickstart import QUICKSTART_SEEDS, quickstart_plan, quickstart_recipes
+from workbench.runs.service import (MAX_RUNS_PER_LAUNCH, PlannedRun, cancel, delete, ensure_collector, launch, launch_group,
+                                    launch_planned, parse_sweep, plan_runs, sync, wait)
 from workbench.runs.settings import Settings, SettingsError, SlurmDefaults, SSHHost, load_settings, save_settings
 from workbench.runs.store import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, RunError, RunStore
 
 __all__ = [
-    "ACTIVE_STATUSES", "STATUSES", "TERMINAL_STATUSES", "ConfigError", "LaunchError", "RunError", "RunStore", "Settings",
-    "SettingsError", "SlurmDefaults", "SSHHost", "cancel", "delete", "ensure_collector", "launch", "launch_group",
-    "load_settings", "quickstart_recipes", "save_settings", "sync", "wait",
+    "ACTIVE_STATUSES", "MAX_RUNS_PER_LAUNCH", "QUICKSTART_SEEDS", "STATUSES", "TERMINAL_STATUSES", "ConfigError",
+    "LaunchError", "PlannedRun", "RunError", "RunStore", "Settings", "SettingsError", "SlurmDefaults", "SSHHost", "cancel",
+    "delete", "ensure_collector", "launch", "launch_group", "launch_planned", "load_settings", "parse_sweep", "plan_runs",
+    "quickstart_plan", "quickstart_recipes", "save_settings", "sync", "wait",
 ]

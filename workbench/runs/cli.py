@@ -1,62 +1,44 @@
 """CLI verbs of the run layer.
 
-    launch RECIPE [RECIPE ...] [--set k=v] [--target local|ssh://HOST|slurm] [--group NAME] [--name N]
-           [--tag T] [--notes TEXT] [--processes N] [--wait]
-    runs list [--status S] [--group G] | runs show ID | runs logs ID [--follow] | runs cancel ID | runs delete ID
+    launch RECIPE [RECIPE ...] [--set k=v] [--seeds N] [--sweep FIELD=V1,V2 ...] [--target local|ssh://HOST|slurm]
+           [--group NAME] [--name N] [--tag T] [--notes TEXT] [--processes N] [--wait]
+    runs list [--status S] [--group G] | runs arms GROUP | runs show ID | runs logs ID [--follow]
+    runs cancel ID | runs delete ID
+    compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
 from pathlib import Path
 
-EXIT_USAGE = 2
+# Errors raised here reach workbench.cli.main, which prints them as one line `error: ...`, exit 2.
 
 
 def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    from workbench.cli import report
+
+    return report(message)
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Errors that are the user's to fix (bad id, settings, target, recipe)."""
-    from workbench.recipe import RecipeError
-    from workbench.runs import LaunchError, RunError, SettingsError
-
-    return RecipeError, RunError, LaunchError, SettingsError, ValueError
-
-
-def _user_facing(command):
-    """A CLI verb that reports the user's errors as one line and exit 2, never as a traceback."""
-
-    @functools.wraps(command)
-    def run(args) -> int:
-        try:
-            return command(args)
-        except _user_errors() as err:
-            return _fail(str(err))
-
-    return run
-
-
-@_user_facing
 def _cmd_launch(args) -> int:
-    from workbench.recipe import load_recipe
-    from workbench.runs import RunStore, launch, launch_group, wait
+    """Plan every (arm, seed) run and validate each one, then launch them all (or nothing)."""
+    from workbench.runs import RunStore, launch, launch_planned, parse_sweep, plan_runs, wait
 
-    recipes = [load_recipe(name, args.set) for name in args.recipe]
+    planned = plan_runs(args.recipe, seeds=args.seeds, sweep=parse_sweep(args.sweep), overrides=args.set,
+                        target=args.target, num_processes=args.processes)
     store = RunStore()
     common = dict(target=args.target, tags=args.tag, notes=args.notes, num_processes=args.processes, store=store)
-    if len(recipes) > 1 or args.group:
+    if len(planned) > 1 or args.group:
         if args.name:
-            return _fail("--name names one run; with several recipes use --group")
-        ids = launch_group(recipes, group=args.group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
+            return _fail("--name names one run; with several recipes, seeds or sweep values use --group")
+        ids = launch_planned(planned, group=args.group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
     else:
-        ids = [launch(recipes[0], name=args.name, **common)]
+        only = planned[0]
+        ids = [launch(only.recipe, name=args.name, arm=only.arm, sweep=only.sweep, **common)]
     for run_id in ids:
         print(run_id)
     if not args.wait:
@@ -78,7 +60,6 @@ def _progress_printer():
     return show
 
 
-@_user_facing
 def _cmd_runs(args) -> int:
     from workbench.runs import RunStore, sync
 
@@ -86,6 +67,8 @@ def _cmd_runs(args) -> int:
     sync(store)
     if args.action == "list":
         return _list_runs(store, args)
+    if args.action == "arms":
+        return _list_arms(store, args.id)
     if not args.id:
         return _fail(f"runs {args.action} needs a run ID")
     return _RUN_ACTIONS[args.action](store, store.get_run(args.id), args)
@@ -98,8 +81,64 @@ def _list_runs(store, args) -> int:
         return 0
     frame = frame.assign(created_at=frame.created_at.map(lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))),
                          progress=[f"{s + 1}/{t}" for s, t in zip(frame.last_step, frame.total_steps)])
-    cols = ["id", "algorithm", "status", "progress", "reward", "target", "group", "created_by", "created_at"]
+    cols = ["id", "arm", "seed", "algorithm", "status", "progress", "reward", "target", "group", "created_by", "created_at"]
     print(frame[cols].to_string(index=False))
+    return 0
+
+
+def _group_arms(store, group: str | None) -> dict:
+    """The group's arms (``RunStore.arms``); RunError naming the groups there are if it has none."""
+    from workbench.runs import RunError
+
+    if not group:
+        raise RunError("this command needs a comparison GROUP; `python -m workbench runs list` shows the groups")
+    arms = store.arms(group)
+    if not arms:
+        known = ", ".join(store.groups()["group"].head(20)) or "(none yet)"
+        raise RunError(f"group={group!r} has no runs; groups: {known}")
+    return arms
+
+
+def _list_arms(store, group: str | None) -> int:
+    """Per arm: its seeds, then one line per run (id, seed, status, progress, last reward)."""
+    for arm, runs in _group_arms(store, group).items():
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        print(f"{arm}  ({len(runs)} run{'s' if len(runs) != 1 else ''}; seeds {seeds})")
+        for r in runs:
+            reward = "" if r["reward"] is None else f"  reward={r['reward']:.3f}"
+            print(f"  {r['id']}  seed={r['seed']}  {r['status']}  {r['last_step'] + 1}/{r['total_steps']}{reward}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    """The verdict table of a group: per arm mean / IQM / 95 % CI over seeds of the final-window
+    score, per pair the difference with its CI, P(A > B), the verdict and the seeds needed."""
+    from workbench.analysis import arm_summary, default_metric, final_window_scores, pairwise
+    from workbench.runs import RunError, RunStore, sync
+
+    store = RunStore()
+    sync(store)
+    arms = _group_arms(store, args.group)
+    frame = store.arm_metrics([r["id"] for runs in arms.values() for r in runs])
+    metric = args.metric or default_metric(frame)
+    if metric is None or metric not in frame.columns:
+        logged = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")]
+        raise RunError(f"metric={metric!r} is not logged by group {args.group!r}; logged: {', '.join(logged) or '(nothing yet)'}")
+    scores = final_window_scores(frame, metric, args.window)
+    if scores.empty:
+        raise RunError(f"no run of group {args.group!r} has logged {metric!r} yet")
+    by_arm = {arm: g["score"].to_numpy() for arm, g in scores.groupby("arm", sort=False)}
+    if args.baseline is not None and args.baseline not in by_arm:
+        raise RunError(f"--baseline={args.baseline!r} is not allowed; arms with scores: {', '.join(by_arm)}")
+    print(f"{metric}: mean over the last {args.window:g} of each run's logged steps; one score per seed; 95% intervals")
+    summary = arm_summary(by_arm)
+    print(summary[["arm", "n", "mean", "ci_low", "ci_high", "iqm", "std", "note"]].to_string(index=False, float_format="{:.4f}".format))
+    if len(by_arm) < 2:
+        return 0
+    pairs = pairwise(by_arm, baseline=args.baseline)
+    print()
+    print(pairs[["a", "b", "diff", "diff_ci_low", "diff_ci_high", "p_improvement", "seeds_needed", "verdict"]]
+          .rename(columns={"p_improvement": "P(a>b)"}).to_string(index=False, float_format="{:.4f}".format))
     return 0
 
 
@@ -146,7 +185,6 @@ def _print_logs(store, run: dict, follow: bool) -> int:
         sync(store)
 
 
-@_user_facing
 def _cmd_collect(args) -> int:
     from workbench.runs import RunStore, sync
 
@@ -168,21 +206,31 @@ def add_run_parsers(sub) -> None:
     p = sub.add_parser("launch", help="start runs detached (they outlive this command), recorded in the run store")
     p.add_argument("recipe", nargs="+", help="preset names or YAML paths; several = one comparison group")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field in every recipe")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="runs per arm, with seeds train.seed + 0..N-1 (paired across arms)")
+    p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="one arm per value (several --sweep: their grid), crossed with the recipes and seeds")
     p.add_argument("--target", default="local", help="local | ssh://HOST (from settings) | slurm")
-    p.add_argument("--group", help="comparison group name (shared seed, prompts and model)")
+    p.add_argument("--group", help="comparison group name (shared prompts and model, paired seeds)")
     p.add_argument("--name", help="run name (default: the recipe name)")
     p.add_argument("--tag", action="append", default=[])
     p.add_argument("--notes", default="")
     p.add_argument("--processes", type=int, default=1, help="data-parallel processes (accelerate)")
     p.add_argument("--wait", action="store_true", help="follow until every run ends; exit 0 iff all finished")
     p.set_defaults(func=_cmd_launch)
-    r = sub.add_parser("runs", help="list, show, follow, cancel or delete runs")
-    r.add_argument("action", choices=["list", *_RUN_ACTIONS])
-    r.add_argument("id", nargs="?")
+    r = sub.add_parser("runs", help="list, show, follow, cancel or delete runs; list a group's arms")
+    r.add_argument("action", choices=["list", "arms", *_RUN_ACTIONS])
+    r.add_argument("id", nargs="?", help="run ID (for arms: the GROUP)")
     r.add_argument("--status")
     r.add_argument("--group")
     r.add_argument("--follow", action="store_true", help="logs: keep printing until the run ends")
     r.set_defaults(func=_cmd_runs)
+    v = sub.add_parser("compare", help="the verdict table of a group: arms over seeds, pairs with CIs and P(A>B)")
+    v.add_argument("group")
+    v.add_argument("--metric", help="metric to compare (default: eval/reward if logged, else reward)")
+    v.add_argument("--window", type=float, default=0.1, help="final fraction of each run's steps that is averaged")
+    v.add_argument("--baseline", help="compare every other arm with this one (default: every pair)")
+    v.set_defaults(func=_cmd_compare)
     c = sub.add_parser("collect", help="ingest events of active runs into the store (the app does this itself)")
     c.add_argument("--interval", type=float, default=1.0)
     c.add_argument("--once", action="store_true")

@@ -11,26 +11,36 @@ winning a compare-and-set claim (``RunStore.claim_queued``), so a run starts exa
 from __future__ import annotations
 
 import getpass
+import json
 import logging
+import math
 import os
 import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Iterable
+from dataclasses import dataclass, field
+from itertools import product
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from workbench.export.commands import MIXED_PRECISION
 from workbench.home import confined_path, workbench_home
-from workbench.recipe import Recipe
 from workbench.runs.launchers import LAUNCHERS, ConfigError, LaunchError, Launcher, target_scheme
 from workbench.runs.names import check_group, check_run_name, check_tag, new_run_id
 from workbench.runs.settings import Settings, load_settings
-from workbench.runs.store import ACTIVE_STATUSES, TERMINAL_STATUSES, RunError, RunStore
+from workbench.runs.store import ACTIVE_STATUSES, TERMINAL_STATUSES, RunError, RunStore, StoreError
+
+if TYPE_CHECKING:  # the recipe module imports the estimator registries (torch); listing runs must not
+    from workbench.recipe import Recipe
 
 RUNS_DIR = "runs"
 CANCEL_GRACE_S = 10.0
-# fields a comparison group forces to the first recipe's values, so curves are comparable
-GROUP_SHARED_FIELDS = ("model", "task", "dataset", "sampling.prompts_per_step", "train.seed")
+# fields a comparison group forces to the first recipe's values, so curves are comparable (unless
+# they are swept). The seed is not one of them: it is the replication axis (see plan_runs).
+GROUP_SHARED_FIELDS = ("model", "task", "dataset", "sampling.prompts_per_step")
+SEED_FIELD = "train.seed"
+MAX_RUNS_PER_LAUNCH = 100  # arms x seeds of one launch: a typo in --seeds must not queue thousands of runs
+ARM_SEPARATOR = " · "
 QUEUE_LOCK = "queue"
 log = logging.getLogger(__name__)
 
@@ -58,11 +68,16 @@ def _host_of(target: str) -> str:
 
 def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, group: str | None = None,
            tags: Iterable[str] = (), notes: str = "", created_by: str | None = None, num_processes: int = 1,
-           store: RunStore | None = None, settings: Settings | None = None) -> str:
+           store: RunStore | None = None, settings: Settings | None = None, arm: str | None = None,
+           sweep: Mapping[str, Any] | None = None) -> str:
     """Register a run and start it (or queue it until a local slot is free); returns its id.
 
+    ``arm`` (default: the run's name) and ``sweep`` (the swept values that make the arm) are
+    recorded with the run; its seed is the recipe's ``train.seed``.
+
     Nothing is left in the store when the target cannot take the run (unknown host, unreachable
-    host, no sbatch): the error is raised and the half-made run is removed.
+    host, no sbatch): the error is raised and the half-made run is removed. Nor on disk when the
+    store cannot take it (StoreError: read-only file): the row is written before the run directory.
     """
     store = store or RunStore()
     settings = settings or load_settings()
@@ -74,13 +89,20 @@ def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, gr
     launcher = launcher_for(target, settings)
     run_id = new_run_id(name)
     run_dir = confined_path(Path(RUNS_DIR) / run_id, field="run directory")
-    run_dir.mkdir(parents=True)
-    (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
+    from workbench.presets import algorithm_label  # the preset it is, not the run's name
+
     store.create_run(
-        run_id=run_id, name=name, algorithm=recipe.name, recipe_yaml=recipe.to_yaml(), total_steps=recipe.train.steps,
+        run_id=run_id, name=name, algorithm=algorithm_label(recipe), recipe_yaml=recipe.to_yaml(), total_steps=recipe.train.steps,
         target=target, launcher=launcher.scheme, host=_host_of(target), created_by=created_by or getpass.getuser(),
-        run_dir=str(run_dir), group=group, tags=tags, notes=notes,
+        run_dir=str(run_dir), group=group, tags=tags, notes=notes, arm=arm, sweep=dict(sweep or {}),
         launch={"num_processes": num_processes, "mixed_precision": MIXED_PRECISION[recipe.train.precision]})
+    try:
+        run_dir.mkdir(parents=True)
+        (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
+    except OSError as err:
+        store.delete(run_id)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise RunError(f"cannot create the run directory {run_dir}: {err}") from err
     if launcher.scheme != "local":
         try:
             _claim_and_start(store, store.get_run(run_id), launcher)
@@ -93,17 +115,240 @@ def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, gr
     return run_id
 
 
-def launch_group(recipes: list[Recipe], *, group: str, target: str = "local", created_by: str | None = None,
-                 store: RunStore | None = None, settings: Settings | None = None, **kwargs) -> list[str]:
-    """Launch recipes side by side as one comparison group sharing model, prompts and seed."""
-    if not recipes:
-        raise RunError("a comparison group needs at least one recipe")
+# -- arms x seeds: plan (pure, validated, torch-free), then launch ----------------------------------
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a launch: its arm label, seed, the recipe it trains (``train.seed == seed``) and
+    the swept values that make its arm (dotted field -> value; {} without a sweep)."""
+
+    arm: str
+    seed: int
+    recipe: Recipe
+    sweep: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_sweep(items: Iterable[str]) -> dict[str, list[Any]]:
+    """CLI ``--sweep FIELD=V1,V2`` items -> {dotted field: [values]}; each value list is read as one
+    YAML flow sequence, so ``optim.betas=[0.9,0.99],[0.9,0.999]`` sweeps two pairs."""
+    import yaml
+
+    sweep: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not raw.strip():
+            raise RunError(f"--sweep {item!r} is not allowed; expected FIELD=V1,V2,..., e.g. algorithm.eps_high=0.2,0.28")
+        try:
+            values = yaml.safe_load(f"[{raw}]")
+        except yaml.YAMLError as err:
+            raise RunError(f"--sweep {item!r}: the values are not a valid YAML list ({getattr(err, 'problem', err)})") from None
+        if key in sweep:
+            raise RunError(f"--sweep {key} is given twice; list every value in one --sweep {key}=V1,V2")
+        sweep[key] = values
+    return sweep
+
+
+def _format_value(value: Any) -> str:
+    """A swept value as an arm label shows it: YAML spelling for true/false/null and lists, str otherwise."""
+    return json.dumps(value) if value is None or isinstance(value, (bool, list, dict)) else str(value)
+
+
+def _arm_label(base: str, point: Mapping[str, Any]) -> str:
+    """'grpo' + {algorithm.eps_high: 0.28, algorithm.aggregation: 'token-mean'} ->
+    'grpo · eps_high=0.28 · aggregation=token-mean' (the field's last part; the whole path where
+    two swept fields share it)."""
+    leaves = [key.rsplit(".", 1)[-1] for key in point]
+    names = [leaf if leaves.count(leaf) == 1 else key for key, leaf in zip(point, leaves)]
+    return ARM_SEPARATOR.join([base, *(f"{n}={_format_value(v)}" for n, v in zip(names, point.values()))])
+
+
+def _check_sweep(sweep: Mapping[str, Sequence[Any]], recipe: Recipe) -> dict[str, list[Any]]:
+    """Swept fields exist in ``recipe`` (not the seed), each with distinct values."""
+    checked = {}
+    for key, values in sweep.items():
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        node, parts = recipe.to_dict(), key.split(".")
+        for depth, part in enumerate(parts):
+            if not isinstance(node, dict) or part not in node:
+                where = ".".join(parts[:depth]) or "the recipe"
+                known = ", ".join(node) if isinstance(node, dict) else "(none: not a section)"
+                raise RunError(f"--sweep {key}: unknown field; fields of {where}: {known}")
+            node = node[part]
+        if key == SEED_FIELD:
+            raise RunError(f"--sweep {SEED_FIELD} is not allowed: the seed is the replication axis; use --seeds N")
+        if not values:
+            raise RunError(f"--sweep {key} has no values; give at least one")
+        shown = [_format_value(v) for v in values]
+        repeated = sorted({v for v in shown if shown.count(v) > 1})
+        if repeated:
+            raise RunError(f"--sweep {key} lists {', '.join(repeated)} twice; each value makes one arm")
+        checked[key] = values
+    return checked
+
+
+def _base_recipes(sources: Sequence[str | Recipe], overrides: Sequence[str]) -> list[tuple[str, Recipe]]:
+    """(arm base label, recipe) per source: a preset name is its own label, a YAML file or a Recipe
+    object is labelled by its ``name``. ``overrides`` (``--set``) apply to every source."""
+    from workbench.recipe import load_recipe
+
+    bases = []
+    for source in sources:
+        if isinstance(source, str):
+            recipe = load_recipe(source, list(overrides))
+            label = source if Path(source).suffix not in (".yaml", ".yml") else recipe.name
+        else:
+            recipe, label = (source.with_overrides(list(overrides)) if overrides else source), source.name
+        bases.append((label, recipe))
+    labels = [label for label, _ in bases]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise RunError(f"recipes {', '.join(map(repr, twice))} appear twice in one launch; each arm needs its own "
+                       "name (rename one with --set name=...)")
+    return bases
+
+
+def plan_runs(sources: Sequence[str | Recipe], *, seeds: int = 1, sweep: Mapping[str, Sequence[Any]] | None = None,
+              overrides: Sequence[str] = (), target: str = "local", num_processes: int = 1) -> list[PlannedRun]:
+    """Every run of a launch, each one validated, before anything starts (pure; no torch, no store).
+
+    arms = sources x the grid of ``sweep`` ({dotted field: [values]}); every arm runs with seeds
+    s0, s0 + 1, ..., s0 + seeds - 1, where s0 is the first recipe's ``train.seed``, so seed k of
+    every arm shares its sampling and data order (paired seeds). ``GROUP_SHARED_FIELDS`` that are
+    not swept are forced to the first recipe's values. Each (arm, seed) recipe is validated
+    (Recipe's bounds; this machine's CPUs/GPUs for a local ``target``): the first invalid one is a
+    RecipeError naming its arm and seed, and nothing is returned.
+
+    Returns len(sources) x prod(len(values)) x seeds PlannedRun, arm-major, seeds ascending.
+    """
+    from workbench.recipe import RecipeError, check_fits_machine
+    from workbench.runs.launchers import target_scheme
+
+    if not sources:
+        raise RunError("a launch needs at least one recipe")
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise RunError(f"--seeds={seeds!r} is not allowed; a whole number of seeds per arm, at least 1")
+    arms = len(sources) * math.prod(len(v) if isinstance(v, (list, tuple)) else 1 for v in (sweep or {}).values())
+    if arms * seeds > MAX_RUNS_PER_LAUNCH:
+        raise RunError(f"this launch would create {arms} arms x {seeds} seeds = {arms * seeds} runs; at most "
+                       f"{MAX_RUNS_PER_LAUNCH} per launch: use fewer seeds, recipes or sweep values")
+    bases = _base_recipes(sources, overrides)
+    first = bases[0][1]
+    grid = _check_sweep(sweep or {}, first)
+    shared = [f"{key}={_yaml_text(_get(first, key))}" for key in GROUP_SHARED_FIELDS
+              if key not in grid and _get(first, key) is not None]
+    check_machine = target_scheme(target) == "local"  # elsewhere the machine is not known here
+    planned = []
+    for label, base in bases:
+        aligned = base.with_overrides(shared) if shared and len(bases) > 1 else base
+        for values in product(*grid.values()):
+            point = dict(zip(grid, values))
+            arm = _arm_label(label, point)
+            for seed in range(first.train.seed, first.train.seed + seeds):
+                items = [f"{key}={_yaml_text(value)}" for key, value in point.items()] + [f"{SEED_FIELD}={seed}"]
+                try:
+                    recipe = aligned.with_overrides(items)
+                    if check_machine:
+                        check_fits_machine(recipe, num_processes)
+                except RecipeError as err:
+                    if arms * seeds == 1:  # the only run: the recipe's own message says it all
+                        raise
+                    raise RecipeError(f"arm {arm!r} seed {seed} is not allowed: {err}") from None
+                planned.append(PlannedRun(arm=arm, seed=seed, recipe=recipe, sweep=point))
+    return planned
+
+
+def _yaml_text(value: Any) -> str:
+    """A value as ``with_overrides`` reads it back (JSON is YAML): 0.28, "token-mean", [0.9, 0.99]."""
+    return json.dumps(value)
+
+
+def launch_planned(planned: Sequence[PlannedRun], *, group: str | None = None, target: str = "local",
+                   tags: Iterable[str] = (), notes: str = "", created_by: str | None = None, num_processes: int = 1,
+                   store: RunStore | None = None, settings: Settings | None = None) -> list[str]:
+    """Launch the runs of ``plan_runs`` as one comparison group (``group`` may be None for a single
+    run); returns their ids in plan order. All or nothing: if one cannot be launched, the runs this
+    call already made are deleted (cancelled first) and the error is raised."""
+    if not planned:
+        raise RunError("nothing to launch: the plan has no runs")
+    if len(planned) > 1 and not group:
+        raise RunError(f"launching {len(planned)} runs needs a comparison group name")
+    if group:
+        check_group(group)
+    tags = [check_tag(t) for t in tags]
+    store = store or RunStore()
+    settings = settings or load_settings()
+    store.check_writable()
+    launcher_for(target, settings)  # an unknown target fails before the first run is made
+    if group:
+        _check_joins_group(store, group, planned)
+    ids: list[str] = []
+    try:
+        for run in planned:
+            ids.append(launch(run.recipe, target=target, group=group, tags=tags, notes=notes, created_by=created_by,
+                              num_processes=num_processes, store=store, settings=settings, arm=run.arm, sweep=run.sweep))
+    except BaseException:
+        for run_id in ids:
+            try:
+                delete(run_id, store=store, settings=settings)
+            except Exception:  # noqa: BLE001  (clean up the others; the first error is the one to report)
+                log.exception("could not remove run %s of a launch that failed", run_id)
+        raise
+    return ids
+
+
+def _check_joins_group(store: RunStore, group: str, planned: Sequence[PlannedRun]) -> None:
+    """Runs added to an existing group keep its arms honest: an arm label already there must mean
+    the same recipe minus its seed, and a seed it already has would be a copy, not a replicate."""
+    import yaml
+
+    for arm, runs in store.arms(group).items():
+        mine = [p for p in planned if p.arm == arm]
+        if not mine:
+            continue
+        theirs = _with_defaults(yaml.safe_load(runs[0]["recipe"]) or {})
+        differs = _differing_fields(_without_seed(theirs), _without_seed(mine[0].recipe.to_dict()))
+        if differs:
+            key, old, new = differs[0]
+            raise RunError(f"group {group!r} already has arm {arm!r} with {key}={old!r}, this launch has {key}={new!r}; "
+                           "launch into another group or give the recipe another name (--set name=...)")
+        taken = sorted({p.seed for p in mine} & {r["seed"] for r in runs})
+        if taken:
+            raise RunError(f"group {group!r} already has arm {arm!r} with seed(s) {taken}: a run with the same seed is "
+                           f"a copy, not a replicate; add seeds with --set {SEED_FIELD}={max(r['seed'] or 0 for r in runs) + 1}")
+
+
+def _with_defaults(data: dict) -> dict:
+    """A stored recipe with the fields this version added filled in (as is if it no longer validates)."""
+    from workbench.recipe import Recipe, RecipeError
+
+    try:
+        return Recipe.from_dict(data).to_dict()
+    except RecipeError:
+        return data
+
+
+def _without_seed(recipe: dict) -> dict:
+    section, key = SEED_FIELD.split(".")
+    return {**recipe, section: {k: v for k, v in (recipe.get(section) or {}).items() if k != key}}
+
+
+def _differing_fields(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted field, value in a, value in b) wherever two recipe dicts differ, in field order."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [(prefix, a, b)]
+    return [d for key in dict.fromkeys([*a, *b])
+            for d in _differing_fields(a.get(key), b.get(key), f"{prefix}.{key}" if prefix else key)]
+
+
+def launch_group(recipes: Sequence[str | Recipe], *, group: str, target: str = "local", created_by: str | None = None,
+                 store: RunStore | None = None, settings: Settings | None = None, seeds: int = 1,
+                 sweep: Mapping[str, Sequence[Any]] | None = None, num_processes: int = 1, **kwargs) -> list[str]:
+    """Launch recipes side by side as one comparison group (shared model and prompts, paired seeds):
+    ``plan_runs`` then ``launch_planned``."""
     check_group(group)
-    first = recipes[0]
-    shared = [f"{key}={_get(first, key)}" for key in GROUP_SHARED_FIELDS if _get(first, key) is not None]
-    aligned = [r.with_overrides(shared) for r in recipes]
-    return [launch(r, target=target, group=group, created_by=created_by, store=store, settings=settings, **kwargs)
-            for r in aligned]
+    planned = plan_runs(recipes, seeds=seeds, sweep=sweep, target=target, num_processes=num_processes)
+    return launch_planned(planned, group=group, target=target, created_by=created_by, num_processes=num_processes,
+                          store=store, settings=settings, **kwargs)
 
 
 def _get(recipe: Recipe, dotted: str):
@@ -124,10 +369,22 @@ def _claim_and_start(store: RunStore, run: dict, launcher: Launcher) -> bool:
     return True
 
 
+NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver sees
+ROCM_DEVICE = Path("/dev/kfd")
+
+
 def _visible_gpus() -> list[int]:
+    """GPU indices local runs may use: CUDA_VISIBLE_DEVICES, else every GPU the NVIDIA driver lists.
+
+    Torch is asked only on a ROCm machine: listing or collecting runs (which starts queued ones)
+    must not pay for importing it."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [int(x) for x in env.split(",") if x.strip().isdigit()]
+    if NVIDIA_GPUS_DIR.is_dir():
+        return list(range(len(list(NVIDIA_GPUS_DIR.iterdir()))))
+    if not ROCM_DEVICE.exists():
+        return []
     import torch
 
     return list(range(torch.cuda.device_count()))
@@ -226,9 +483,9 @@ def _place(run: dict, running: list[dict], usable: list[int], settings: Settings
 def _ingest_new(store: RunStore, run: dict, launcher: Launcher) -> int:
     chunk = launcher.read_events(run)
     old = int(run["events_offset"])
-    if chunk.offset == old:
+    if chunk.offset == old and chunk.warning is None:
         return 0
-    return store.ingest(run["id"], chunk.events, offset=(old, chunk.offset))
+    return store.ingest(run["id"], chunk.events, offset=(old, chunk.offset), warning=chunk.warning)
 
 
 def _finalise(store: RunStore, run_id: str, launcher: Launcher) -> None:
@@ -257,15 +514,20 @@ def sync(store: RunStore | None = None, settings: Settings | None = None) -> int
 
     A run whose target no longer exists in the settings becomes ``lost``; an unreachable one is
     retried next time; any other failure of one run is logged and does not stop the others.
+    A store that cannot be written raises StoreError at once: a collector that cannot record
+    anything must say so, not report "0 rows".
     """
     store = store or RunStore()
     settings = settings or load_settings()
+    store.check_writable()
     new = 0
     for run in store.runs(ACTIVE_STATUSES):
         if not run["handle"]:
             continue  # queued, or being started by the queue right now
         try:
             new += _sync_run(store, run, settings)
+        except StoreError:
+            raise  # the file, not this run: every other run would fail the same way
         except ConfigError as err:
             _lose(store, run["id"], err)
         except LaunchError:

@@ -2,13 +2,19 @@
 
 Tables: ``runs`` (one row per run, with its recipe, status, launcher handle and how far its event
 stream has been ingested), ``metrics`` / ``samples`` / ``diagnostics`` (one row per (run, step),
-payload as JSON). Ingest is idempotent by (run, step, kind): rows are keyed by it and the byte
+payload as JSON). A run's ``arm`` labels its recipe minus its seed (``grpo · eps_high=0.28``), ``seed``
+is its ``train.seed`` and ``sweep`` the swept values that make its arm: the runs of one arm in a
+group differ only in their seed (see ``arms`` and ``arm_metrics``). Ingest is idempotent by (run, step, kind): rows are keyed by it and the byte
 offset of the event stream advances in the same transaction as the rows it covers, so a restarted
 or duplicated collector neither loses nor repeats a step.
 
-An event the store cannot use (not a JSON object, a step that is not an integer, an unknown
-status, a payload of the wrong type) is skipped and counted in ``runs.skipped_events``: one bad
-line must not stop the stream behind it.
+An event the store cannot use (a line that is not JSON, not a JSON object, a step that is not
+an integer, a number SQLite cannot hold or that is not finite, an unknown status, a payload of the
+wrong type) is skipped and counted in ``runs.skipped_events``, and named in ``runs.warnings``: one
+bad line must not stop the stream behind it.
+
+A store file that cannot be written (read-only file or folder, disk full) raises ``StoreError``
+naming the file, before anything else is changed.
 
 Every call opens its own short-lived connection: Streamlit serves each browser session from its
 own thread, and several collectors (app, CLI) may write at once; WAL lets readers run beside one
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
+import yaml
 
 from workbench.home import workbench_home
 
@@ -61,7 +69,11 @@ CREATE TABLE IF NOT EXISTS runs (
     reward REAL,
     error TEXT,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    skipped_events INTEGER NOT NULL DEFAULT 0
+    skipped_events INTEGER NOT NULL DEFAULT 0,
+    warnings TEXT NOT NULL DEFAULT '[]',
+    arm TEXT,
+    seed INTEGER,
+    sweep TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_grp ON runs(grp);
@@ -74,16 +86,34 @@ CREATE TABLE IF NOT EXISTS diagnostics (run_id TEXT, step INTEGER, time REAL, da
 CREATE TABLE IF NOT EXISTS lens (run_id TEXT, step INTEGER, time REAL, data TEXT,
     PRIMARY KEY (run_id, step)) WITHOUT ROWID;
 """
-_ADDED_COLUMNS = {"skipped_events": "INTEGER NOT NULL DEFAULT 0"}  # columns newer than some existing files
-_JSON_COLUMNS = ("tags", "launch", "handle")
+_ADDED_COLUMNS = {"skipped_events": "INTEGER NOT NULL DEFAULT 0",  # columns newer than some existing files
+                  "warnings": "TEXT NOT NULL DEFAULT '[]'",
+                  "arm": "TEXT", "seed": "INTEGER", "sweep": "TEXT NOT NULL DEFAULT '{}'"}
+_JSON_COLUMNS = ("tags", "launch", "handle", "warnings", "sweep")
+MAX_WARNINGS = 20  # distinct warnings kept per run (a stream of bad lines must not grow the row without bound)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # SQLite INTEGER
 _EMPTY_HANDLE = "{}"
-RUN_COLUMNS = ["id", "name", "algorithm", "status", "target", "launcher", "host", "created_by", "created_at",
-               "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
+RUN_COLUMNS = ["id", "name", "algorithm", "arm", "seed", "status", "target", "launcher", "host", "created_by",
+               "created_at", "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
                "error", "run_dir"]
+ARM_KEY_COLUMNS = ["run_id", "arm", "seed", "step"]  # the long frame's keys (workbench.analysis.stats.RUN_KEY_COLUMNS)
 
 
 class RunError(ValueError):
     """A run that does not exist, or a request about a run that is not allowed (message says why)."""
+
+
+class StoreError(RunError):
+    """The store file cannot be used (read-only, unreadable, disk full, locked too long); names the file."""
+
+
+def _store_error(path: Path, err: BaseException) -> StoreError:
+    """One line naming the file, what SQLite or the OS said, and what to do."""
+    reason = str(err) or type(err).__name__
+    if "readonly" in reason or isinstance(err, PermissionError):
+        return StoreError(f"run store {path} is read-only ({reason}); make the file and its folder writable "
+                          "for this user, or set WORKBENCH_HOME to a writable folder")
+    return StoreError(f"run store {path} cannot be used: {reason}")
 
 
 def _status_rank(status: str) -> int:
@@ -97,7 +127,10 @@ class RunStore:
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else workbench_home() / STORE_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _store_error(self.path, err) from err
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
@@ -106,14 +139,30 @@ class RunStore:
     # -- connections ---------------------------------------------------------------------------
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        db.execute("PRAGMA busy_timeout=30000")
-        db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+        """A connection; a failure of the file itself (not of a query's logic) becomes StoreError."""
         try:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except sqlite3.Error as err:
+            raise _store_error(self.path, err) from err
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
             yield db
+        except sqlite3.OperationalError as err:  # read-only, locked past the timeout, disk I/O, disk full
+            raise _store_error(self.path, err) from err
+        except sqlite3.DatabaseError as err:
+            if type(err) is not sqlite3.DatabaseError:  # IntegrityError etc.: the caller's query, not the file
+                raise
+            raise _store_error(self.path, err) from err  # "file is not a database", "malformed"
         finally:
             db.close()
+
+    def check_writable(self) -> None:
+        """StoreError now if the file cannot be written (a no-op UPDATE still needs write access),
+        so a command fails before it changes anything rather than half-way."""
+        with self._connect() as db:
+            db.execute("UPDATE runs SET id = id WHERE 0")
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -130,13 +179,18 @@ class RunStore:
     # -- runs ----------------------------------------------------------------------------------
     def create_run(self, *, run_id: str, name: str, algorithm: str, recipe_yaml: str, total_steps: int,
                    target: str, launcher: str, host: str, created_by: str, run_dir: str, group: str | None = None,
-                   tags: Iterable[str] = (), notes: str = "", launch: dict | None = None) -> str:
+                   tags: Iterable[str] = (), notes: str = "", launch: dict | None = None, arm: str | None = None,
+                   sweep: dict[str, Any] | None = None) -> str:
+        """Register a queued run. ``arm`` defaults to the run's name; its seed is read from the
+        recipe (``train.seed``), so the column cannot disagree with what the run trains with."""
         with self._write() as db:
             db.execute(
                 "INSERT INTO runs (id, name, algorithm, status, target, launcher, host, created_by, created_at,"
-                " grp, tags, notes, recipe, run_dir, launch, total_steps) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " grp, tags, notes, recipe, run_dir, launch, total_steps, arm, seed, sweep)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_id, name, algorithm, "queued", target, launcher, host, created_by, time.time(), group,
-                 json.dumps(list(tags)), notes, recipe_yaml, run_dir, json.dumps(launch or {}), total_steps))
+                 json.dumps(list(tags)), notes, recipe_yaml, run_dir, json.dumps(launch or {}), total_steps,
+                 arm or name, recipe_seed(recipe_yaml), json.dumps(sweep or {})))
         return run_id
 
     def get_run(self, run_id: str) -> dict[str, Any]:
@@ -164,6 +218,7 @@ class RunStore:
         rows = [r for r in self.runs([status] if status else None)
                 if (group is None or r["group"] == group) and (tag is None or tag in r["tags"])]
         frame = pd.DataFrame([{c: r[c] for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
+        frame = frame.astype({"seed": "Int64"})  # a run of an older file may have no known seed: <NA>, not 0.0
         return frame.iloc[::-1].reset_index(drop=True)
 
     def groups(self) -> pd.DataFrame:
@@ -171,6 +226,16 @@ class RunStore:
             rows = db.execute("SELECT grp AS \"group\", COUNT(*) AS runs, MIN(created_at) AS created_at FROM runs"
                               " WHERE grp IS NOT NULL GROUP BY grp ORDER BY created_at DESC").fetchall()
         return pd.DataFrame([dict(r) for r in rows], columns=["group", "runs", "created_at"])
+
+    def arms(self, group: str) -> dict[str, list[dict[str, Any]]]:
+        """arm -> its runs (row dicts, each with ``seed``) in the group: arms in order of their first
+        run, runs by seed then creation. ``{}`` for a group without runs."""
+        by_arm: dict[str, list[dict[str, Any]]] = {}
+        for run in self.runs():
+            if run["group"] == group:
+                by_arm.setdefault(run["arm"], []).append(run)
+        return {arm: sorted(runs, key=lambda r: (r["seed"] is None, r["seed"] or 0, r["created_at"]))
+                for arm, runs in by_arm.items()}
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         """Set columns of a run (JSON columns take Python objects; ``group`` is the ``grp`` column)."""
@@ -190,7 +255,11 @@ class RunStore:
         """An exclusive lock shared by every process and thread using this store file (``flock`` on
         ``runs.db.NAME.lock`` beside it; released by the kernel if the holder dies)."""
         path = self.path.with_name(f"{self.path.name}.{name}.lock")
-        with open(path, "a") as f:
+        try:
+            f = open(path, "a")
+        except OSError as err:
+            raise _store_error(path, err) from err
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 yield
@@ -241,14 +310,17 @@ class RunStore:
             return _apply_status(db, run_id, status, error, time.time())
 
     # -- ingest --------------------------------------------------------------------------------
-    def ingest(self, run_id: str, events: list[dict[str, Any]], *, offset: tuple[int, int] | None = None) -> int:
+    def ingest(self, run_id: str, events: list[Any], *, offset: tuple[int, int] | None = None,
+               warning: str | None = None) -> int:
         """Store events; returns how many rows were new.
 
         ``offset=(old, new)``: the events are the stream's bytes [old, new). The offset moves only
         if it still equals ``old`` (compare-and-set), so two collectors reading the same bytes
-        cannot both apply them; the loser's rows are ignored by the primary keys anyway.
+        cannot both apply them (nor count their bad lines or their ``warning`` twice); the loser's
+        rows are ignored by the primary keys anyway. ``warning``: something the reader noticed
+        about the stream (it shrank), kept in the run's ``warnings``.
         """
-        new = skipped = 0
+        new, bad = 0, []
         with self._write() as db:
             if offset is not None:
                 moved = db.execute("UPDATE runs SET events_offset = ? WHERE id = ? AND events_offset = ?",
@@ -258,10 +330,14 @@ class RunStore:
             for event in events:
                 try:
                     new += _ingest_one(db, run_id, event)
-                except _BadEvent:
-                    skipped += 1
-            if skipped:
-                db.execute("UPDATE runs SET skipped_events = skipped_events + ? WHERE id = ?", (skipped, run_id))
+                except _BadEvent as err:
+                    bad.append(str(err))
+            if bad:
+                db.execute("UPDATE runs SET skipped_events = skipped_events + ? WHERE id = ?", (len(bad), run_id))
+                noun = "event was" if len(bad) == 1 else "events were"
+                _add_warning(db, run_id, f"{len(bad)} {noun} skipped; first: {bad[0]}")
+            if warning:
+                _add_warning(db, run_id, warning)
         return new
 
     # -- queries for plots ---------------------------------------------------------------------
@@ -271,6 +347,17 @@ class RunStore:
         records = [{"run_id": r["run_id"], "step": r["step"], "time": r["time"], **json.loads(r["data"])} for r in rows]
         frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=["run_id", "step", "time"])
         return frame.astype({"step": int}) if len(frame) else frame
+
+    def arm_metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
+        """The long frame of ``workbench.analysis``: one row per (run, step) with ``run_id``, ``arm``,
+        ``seed``, ``step``, ``time`` and every logged metric (NaN where a run did not log it)."""
+        run_ids = list(run_ids)
+        frame = self.metrics(run_ids)
+        runs = pd.DataFrame([{"run_id": r["id"], "arm": r["arm"], "seed": r["seed"]} for r in map(self.get_run, run_ids)],
+                            columns=["run_id", "arm", "seed"])
+        frame = runs.merge(frame, on="run_id", how="inner")
+        first = [*ARM_KEY_COLUMNS, "time"]
+        return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
 
     def samples(self, run_id: str, step: int | None = None) -> pd.DataFrame:
         rows = self._payload_rows("samples", [run_id], step)
@@ -306,7 +393,8 @@ class RunStore:
 
 
 def _migrate(db: sqlite3.Connection) -> set[str]:
-    """Add columns that files made by older versions lack; returns the runs table's columns."""
+    """Add columns that files made by older versions lack; returns the runs table's columns.
+    Runs made before arms existed get their name as arm and their recipe's seed."""
     columns = {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
     for name, spec in _ADDED_COLUMNS.items():
         if name not in columns:
@@ -316,7 +404,22 @@ def _migrate(db: sqlite3.Connection) -> set[str]:
                 if "duplicate column" not in str(err):
                     raise
             columns.add(name)
+    for row in db.execute("SELECT id, name, recipe FROM runs WHERE arm IS NULL").fetchall():  # idempotent
+        db.execute("UPDATE runs SET arm = ?, seed = ? WHERE id = ? AND arm IS NULL",
+                   (row["name"], recipe_seed(row["recipe"]), row["id"]))
     return columns
+
+
+def recipe_seed(recipe_yaml: str) -> int | None:
+    """``train.seed`` of a stored recipe (0, the Recipe default, where the YAML does not set it);
+    None for text that is not a recipe mapping. Read with PyYAML: listing runs must not validate."""
+    try:
+        data = yaml.safe_load(recipe_yaml)
+    except yaml.YAMLError:
+        return None
+    train = data.get("train") if isinstance(data, dict) else None
+    seed = (train or {}).get("seed", 0) if isinstance(train, (dict, type(None))) else None
+    return seed if _is_int(seed) else None
 
 
 def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
@@ -325,6 +428,16 @@ def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
     for column in _JSON_COLUMNS:
         run[column] = json.loads(run[column])
     return run
+
+
+def _add_warning(db: sqlite3.Connection, run_id: str, message: str) -> None:
+    """Append ``message`` to the run's warnings (kept once, at most ``MAX_WARNINGS``)."""
+    row = db.execute("SELECT warnings FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        return
+    warnings = json.loads(row["warnings"])
+    if message not in warnings and len(warnings) < MAX_WARNINGS:
+        db.execute("UPDATE runs SET warnings = ? WHERE id = ?", (json.dumps(warnings + [message]), run_id))
 
 
 def _apply_status(db: sqlite3.Connection, run_id: str, status: str, error: str | None, when: float) -> bool:
@@ -352,6 +465,29 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _storable_number(value: Any) -> bool:
+    """A number SQLite and every reader can hold: an int within int64, or a finite float
+    (JSON text can carry ``12345678901234567890123``, ``1e999`` (inf), ``NaN``, ``Infinity``)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
+
+
+def _first_bad_number(event: Any) -> Any:
+    """The first number anywhere in ``event`` (nested lists/dicts) that ``_storable_number``
+    rejects, or None. Iterative: a deeply nested payload must not hit the recursion limit."""
+    todo = [event]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+        elif not _storable_number(value):
+            return value
+    return None
 
 
 def _text(value: Any) -> str | None:
@@ -407,10 +543,13 @@ def _ingest_one(db: sqlite3.Connection, run_id: str, event: Any) -> int:
     """Apply one event; returns 1 if it added a row or changed the status. _BadEvent (nothing
     written) for an event that is not a well-formed object; kinds of newer engines are ignored."""
     if not isinstance(event, dict):
-        raise _BadEvent("not a JSON object")
+        raise _BadEvent(f"not a JSON object: {repr(event)[:100]}")
+    bad = _first_bad_number(event)
+    if bad is not None:
+        raise _BadEvent(f"number {str(bad)[:40]} is out of range or not finite (kind={str(event.get('kind'))[:40]!r})")
     kind, step, when = event.get("kind"), event.get("step", 0), event.get("time", time.time())
     if not _is_int(step) or step < 0 or not _is_number(when):
-        raise _BadEvent(f"step={step!r} time={when!r}")
+        raise _BadEvent(f"step={str(step)[:40]} time={str(when)[:40]} (kind={str(kind)[:40]!r})")
     handler = _INGEST.get(kind) if isinstance(kind, str) else None
     if handler is None:
         return 0

@@ -11,6 +11,7 @@ from workbench import runs as wr
 from workbench.recipe import Recipe, RecipeError
 from workbench.runs import ACTIVE_STATUSES, RunStore
 from workbench.ui import auth
+from workbench.viz.tables import verdict
 
 # Material icons (rendered by Streamlit's markdown; no emoji font needed in the browser).
 STATUS_ICONS = {"queued": ":material/hourglass_empty:", "starting": ":material/rocket_launch:",
@@ -33,9 +34,13 @@ def run_labels(runs: pd.DataFrame) -> dict[str, str]:
     return {rid: (name if counts[name] == 1 else f"{name} ({rid[-4:]})") for rid, name in zip(runs["id"], runs["name"])}
 
 
-def run_option(runs: pd.DataFrame):
-    """format_func for run-id selectboxes: 'name · status · id'."""
+def run_option(runs: pd.DataFrame, *, status: bool = True):
+    """format_func for run-id selectboxes: 'name · status · id' ('name · id' without ``status``,
+    where a status line next to the selector follows the run: the browser keeps an option's
+    label as it was first drawn, so a status in it went stale)."""
     by_id = runs.set_index("id")
+    if not status:
+        return lambda rid: f"{by_id.at[rid, 'name']} · {rid}"
     return lambda rid: f"{by_id.at[rid, 'name']} · {by_id.at[rid, 'status']} · {rid}"
 
 
@@ -77,11 +82,24 @@ def launch_and_remember(recipes: list[Recipe], group: str | None = None, *, targ
     nothing was launched (not allowed, or the launcher's error naming the field at fault)."""
     if group is None and len(recipes) != 1:
         raise ValueError(f"launching {len(recipes)} recipes needs a comparison group name")
+    try:
+        planned = wr.plan_runs(recipes, target=target)
+    except LAUNCH_ERRORS as err:
+        st.error(str(err))
+        return None
+    return launch_planned_and_remember(planned, group, target=target, tags=tags, notes=notes)
+
+
+def launch_planned_and_remember(planned: list[wr.PlannedRun], group: str | None = None, *, target: str = "local",
+                                tags: Iterable[str] = (), notes: str = "") -> list[str] | None:
+    """Launch the runs of ``wr.plan_runs`` (arms x seeds, already validated) as the signed-in user,
+    all or nothing; remember them so Live / Compare opens on them. Returns their ids, or None
+    after showing why nothing was launched."""
     if refused():
         return None
-    common = {"target": target, "tags": list(tags), "notes": notes, "created_by": auth.current_user(), "store": store()}
     try:
-        ids = (wr.launch_group(recipes, group=group, **common) if group else [wr.launch(recipes[0], **common)])
+        ids = wr.launch_planned(planned, group=group, target=target, tags=list(tags), notes=notes,
+                                created_by=auth.current_user(), store=store())
     except LAUNCH_ERRORS as err:
         st.error(str(err))
         return None
@@ -90,3 +108,40 @@ def launch_and_remember(recipes: list[Recipe], group: str | None = None, *, targ
         st.session_state["compare_group"] = group
     st.session_state["compare_runs"] = ids
     return ids
+
+
+# -- the verdict table (Live / Compare's arms view, the Experiments lab) ------------------------------
+VERDICT_HELP = {
+    "seeds": "Runs of this arm with a score (one score per run: its final-window mean; the seed is the unit "
+             "of replication, never the step).",
+    "95% CI": "Student-t interval of the mean over seeds (exact for normal scores; a bootstrap is too narrow "
+              "with 3 seeds).",
+    "IQM": "Interquartile mean over seeds (25% trimmed; = the mean below 4 seeds).",
+    "IQM 95% CI": "Seeded percentile bootstrap of the IQM (from 5 seeds).",
+    "A − B": "mean(A) - mean(B) of the final-window scores.",
+    "P(A > B)": "Probability of improvement: the share of seed pairs in which A beats B (ties 1/2).",
+    "p (Welch)": "Two-sided Welch t-test of the difference.",
+    "seeds needed": "Seeds per arm a two-sample t-test needs to detect the observed gap (alpha 0.05, power 0.8). "
+                    "A planning number, as noisy as the few-seed gap it starts from.",
+}
+
+
+def verdict_table(frame: pd.DataFrame, metric: str, window: float = 0.1, *, baseline: str | None = None) -> None:
+    """Draw the verdict table of ``metric`` over the final ``window`` (fraction of each run's
+    logged steps) from ``RunStore.arm_metrics(ids)``: per arm mean, IQM, 95% CIs and seeds; per
+    pair (every pair, or each arm against ``baseline``) the difference with its 95% CI, P(A > B),
+    the verdict and the seeds needed. Places no widgets (callers own their controls); shows why
+    when there is nothing to score."""
+    try:
+        result = verdict(frame, metric, window, baseline=baseline)
+    except ValueError as err:
+        st.info(str(err))
+        return
+    number = st.column_config.NumberColumn
+    config = {c: st.column_config.Column(help=h) for c, h in VERDICT_HELP.items()}
+    config |= {c: number(format="%.4g", help=VERDICT_HELP.get(c)) for c in ("mean", "IQM", "A − B", "p (Welch)")}
+    config["P(A > B)"] = number(format="%.2f", help=VERDICT_HELP["P(A > B)"])
+    st.caption(f"**{metric}**, score of a run = its mean over the {result.window}.")
+    st.dataframe(result.arms, hide_index=True, column_config=config)
+    if len(result.pairs):
+        st.dataframe(result.pairs, hide_index=True, column_config=config)

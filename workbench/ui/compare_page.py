@@ -1,17 +1,32 @@
 """Live / Compare: curves of chosen runs (or a comparison group) side by side, updating in place
-while runs are live (a fragment re-runs every ``LIVE_EVERY_S``; the rest of the page does not),
-with smoothing and x-axis controls, sample completions per step and a final-metrics table."""
+while runs are live, with smoothing and x-axis controls, sample completions per step and a
+final-metrics table. The arms view draws per arm (a recipe minus its seed) the mean curve over its
+seeds with a 95% band, the verdict table (is a gap real?) and, for sweeps, the final metric
+against each swept value.
+
+Two fragments: the status line re-runs every ``STATUS_EVERY_S``; the charts every
+``CHARTS_EVERY_S``. Streamlit (>= 1.5x) hashes a plotly figure's spec into the chart's element id,
+so a chart whose data changed is unmounted and drawn again from scratch in the browser; redrawn
+every second, eleven charts on a busy 2-core machine were blank most of the time. A slower chart
+cadence leaves each redraw time to finish, and a chart whose data did not change keeps its id
+and is not touched at all."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from workbench import runs as wr
-from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store
-from workbench.viz.curves import PANELS, X_AXES, available_panels, compare_figures, final_metrics_table, progress, step_label
+from workbench.analysis import default_metric, final_window_values, sweep_table
+from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
+from workbench.viz.arms import arm_figures, sweep_figures
+from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, available_panels, compare_figures,
+                                  final_metrics_table, progress, step_label)
 
-LIVE_EVERY_S = 1.0
+STATUS_EVERY_S = 1.0
+CHARTS_EVERY_S = 5.0
 COLUMNS = 2
+VIEWS = ("per run", "arms")
+DEFAULT_WINDOW = 0.1  # the verdict's final window: the last 10% of each run's logged steps
 
 
 def _selection(runs) -> list[str]:
@@ -28,14 +43,23 @@ def _selection(runs) -> list[str]:
     return st.multiselect("Runs", runs["id"].tolist(), default=default, format_func=run_option(runs), key="compare_pick")
 
 
-def _controls() -> dict:
+def _controls(runs) -> dict:
+    """The view's controls; ``runs``: the selected runs (list_runs rows). The arms view is the
+    default once an arm of the selection has more than one seed."""
     cols = st.columns([1, 2, 3])
-    smoothing = cols[0].slider("Smoothing (EMA weight)", 0.0, 0.95, 0.0, 0.05, key="compare_smoothing",
+    smoothing = cols[0].slider("Smoothing (EMA weight)", 0.0, 0.95, DEFAULT_SMOOTHING, 0.05, key="compare_smoothing",
                                help="Debiased exponential moving average, as in TensorBoard / W&B; raw values stay faint.")
     x = cols[1].radio("x-axis", list(X_AXES), horizontal=True, key="compare_x")
     panels = cols[2].multiselect("Charts", list(PANELS), default=list(PANELS), format_func=lambda k: PANELS[k].title,
                                  key="compare_panels")
-    return {"smoothing": smoothing, "x": x, "panels": panels}
+    replicated = bool((runs["arm"].value_counts() > 1).any())
+    cols = st.columns([2, 1, 3])
+    view = cols[0].radio("View", VIEWS, index=VIEWS.index("arms" if replicated else "per run"), horizontal=True,
+                         key="compare_view", help="per run: one curve per run. arms: per arm (a recipe minus its "
+                         "seed) the mean over its seeds with a 95% confidence band, and the verdict table.")
+    seeds = cols[1].toggle("Show seeds", key="compare_seeds", disabled=view != "arms",
+                           help="Each seed of an arm as a faint line behind its mean.")
+    return {"smoothing": smoothing, "x": x, "panels": panels, "view": view, "seeds": seeds}
 
 
 def _status_line(runs) -> None:
@@ -60,33 +84,110 @@ def _samples(ids: list[str], labels: dict[str, str]) -> None:
         "advantage": st.column_config.NumberColumn(format="%+.3f", help="sequence-level advantage (token mean)")})
 
 
-def _live_view(ids: list[str], controls: dict, was_live: bool) -> None:
-    """Everything that changes while runs train: re-run alone every LIVE_EVERY_S while live."""
-    s = store()
-    all_runs = s.list_runs()
-    runs = all_runs[all_runs["id"].isin(ids)].set_index("id").loc[ids].reset_index()
-    labels = run_labels(runs)
+def _selected_runs(ids: list[str]):
+    all_runs = store().list_runs()
+    return all_runs[all_runs["id"].isin(ids)].set_index("id").loc[ids].reset_index()
+
+
+def _live_status(ids: list[str], was_live: bool) -> None:
+    """Status line and errors of the selected runs (re-runs alone every STATUS_EVERY_S while live)."""
+    runs = _selected_runs(ids)
     _status_line(runs)
     for r in runs.itertuples():
         if r.status in ("failed", "lost") and r.error:
             st.error(f"{r.name}: {r.error}")
-    metrics = s.metrics(ids)
+    if was_live and not runs["status"].isin(wr.ACTIVE_STATUSES).any():
+        st.rerun(scope="app")  # every run ended: one full rerun draws the last steps and turns polling off
+
+
+def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = None) -> None:
+    keys = list(figures)
+    for start in range(0, len(keys), COLUMNS):
+        for col, key in zip(st.columns(COLUMNS), keys[start:start + COLUMNS]):
+            col.plotly_chart(figures[key], key=f"{prefix}:{key}", config={"displaylogo": False})
+            if captions and captions.get(key):
+                col.caption(captions[key])
+
+
+def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> None:
+    metrics = store().metrics(ids)
     if metrics.empty:
         st.info("Waiting for the first step of the selected runs…")
     else:
         keys = [k for k in controls["panels"] if k in available_panels(metrics)]
-        figures = compare_figures(metrics, keys, x=controls["x"], smoothing=controls["smoothing"], labels=labels)
-        for start in range(0, len(keys), COLUMNS):
-            cols = st.columns(COLUMNS)
-            for col, key in zip(cols, keys[start:start + COLUMNS]):
-                # a fixed key keeps the same chart element across updates: data changes, no remount
-                col.plotly_chart(figures[key], key=f"chart:{key}", config={"displaylogo": False})
+        _chart_grid(compare_figures(metrics, keys, x=controls["x"], smoothing=controls["smoothing"], labels=labels),
+                    "chart")
         st.subheader("Final metrics")
         st.dataframe(final_metrics_table(metrics, labels), hide_index=True)
+
+
+def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
+    """Per arm: mean curves with bands, the verdict table, the sweep view (arms label themselves)."""
+    frame = store().arm_metrics(ids)
+    if frame.empty:
+        st.info("Waiting for the first step of the selected runs…")
+        return
+    keys = [k for k in controls["panels"] if k in available_panels(frame)]
+    charts = arm_figures(frame, keys, x=controls["x"], smoothing=controls["smoothing"], show_seeds=controls["seeds"])
+    captions = {key: chart.caption for key, chart in charts.items()}
+    # what every chart aggregates, said once; a chart whose seeds differ (a metric some runs do
+    # not log) says its own under it
+    common = max(captions.values(), key=list(captions.values()).count, default="")
+    st.caption(f"Mean over seeds per arm: {common}")
+    _chart_grid({key: chart.figure for key, chart in charts.items()}, "arms",
+                {key: c for key, c in captions.items() if c != common})
+    metric, window = _verdict(frame)
+    _sweep_view(ids, frame, metric, window)
+
+
+def _verdict(frame) -> tuple[str | None, float]:
+    """The verdict's controls and table; returns the chosen metric (None: nothing logged) and window."""
+    st.subheader("Verdict")
+    metrics = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")
+               and frame[c].dtype.kind in "fi" and frame[c].notna().any()]
+    if not metrics:
+        st.info("No numeric metric logged yet.")
+        return None, DEFAULT_WINDOW
+    chosen = default_metric(frame)
+    cols = st.columns([2, 2, 2])
+    metric = cols[0].selectbox("Metric", metrics, index=metrics.index(chosen) if chosen in metrics else 0,
+                               key="verdict_metric", help="Default: the held-out eval reward once runs log it, "
+                               "else the training reward.")
+    window = cols[1].slider("Final window (share of each run's steps)", 0.01, 1.0, DEFAULT_WINDOW, 0.01,
+                            key="verdict_window", format="%.2f",
+                            help="Each run is scored by its mean over this last share of its logged steps.")
+    arms = list(dict.fromkeys(frame["arm"].astype(str)))
+    baseline = cols[2].selectbox("Pairs", ["every pair", *arms], key="verdict_pairs",
+                                 format_func=lambda a: a if a == "every pair" else f"each arm vs {a}")
+    if metric is not None:
+        verdict_table(frame, metric, window, baseline=None if baseline == "every pair" else baseline)
+    return metric, window
+
+
+def _arm_sweeps(ids: list[str]) -> dict[str, dict]:
+    """arm -> {swept field: value} for the selected runs of a sweep ({} when nothing was swept)."""
+    runs = [store().get_run(i) for i in ids]
+    by_arm = {r["arm"]: r.get("sweep") or {} for r in runs}
+    return by_arm if all(by_arm.values()) and len({frozenset(v) for v in by_arm.values()}) == 1 else {}
+
+
+def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> None:
+    sweeps = _arm_sweeps(ids)
+    scores = final_window_values(frame, metric, window) if sweeps and metric else {}
+    if not scores:
+        return
+    st.subheader("Sweep")
+    figures = sweep_figures(sweep_table(scores, {arm: sweeps[arm] for arm in scores}), metric)
+    st.caption("Final-window mean per swept value with its 95% CI over seeds (Student-t); a line per setting of "
+               "the other swept fields, 'all' pooling them.")
+    _chart_grid(figures, "sweep")
+
+
+def _live_charts(ids: list[str], controls: dict) -> None:
+    """Charts, tables and samples of the chosen view (re-run alone every CHARTS_EVERY_S while live)."""
+    labels = run_labels(_selected_runs(ids))
+    (_arms_view if controls["view"] == "arms" else _per_run_view)(ids, controls, labels)
     _samples(ids, labels)
-    live = bool(runs["status"].isin(wr.ACTIVE_STATUSES).any())
-    if was_live and not live:
-        st.rerun(scope="app")  # every run ended: one full rerun turns the polling off
 
 
 def render() -> None:
@@ -99,6 +200,8 @@ def render() -> None:
     if not ids:
         st.info("Choose at least one run.")
         return
-    controls = _controls()
-    live = bool(runs.loc[runs["id"].isin(ids), "status"].isin(wr.ACTIVE_STATUSES).any())
-    st.fragment(_live_view, run_every=LIVE_EVERY_S if live else None)(ids, controls, live)
+    selected = runs[runs["id"].isin(ids)]
+    controls = _controls(selected)
+    live = bool(selected["status"].isin(wr.ACTIVE_STATUSES).any())
+    st.fragment(_live_status, run_every=STATUS_EVERY_S if live else None)(ids, live)
+    st.fragment(_live_charts, run_every=CHARTS_EVERY_S if live else None)(ids, controls)

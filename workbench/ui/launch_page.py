@@ -10,8 +10,9 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
-from workbench.ui.common import blocked_notice, guarded_button, launch_and_remember, run_option, store
-from workbench.ui.recipe_form import comparison_recipes, load_into_form, preset_notes, render_form
+from workbench.ui.common import any_active, blocked_notice, guarded_button, launch_and_remember, run_option, store
+from workbench.ui.recipe_form import (comparison_recipes, fields_at_fault, load_into_form, preset_notes, render_form,
+                                      section_title)
 
 
 def _targets() -> tuple[list[str], str | None]:
@@ -26,17 +27,31 @@ def _targets() -> tuple[list[str], str | None]:
 TARGET_LABELS = {"local": "this machine", "slurm": "SLURM (sbatch)"}
 
 
+def result_message(group: str | None, ids: list[str]) -> str:
+    """What a launch says: the run or group, its ids, and where to watch it (it / them)."""
+    what = f"comparison group **{group}**" if group else ("run" if len(ids) == 1 else "runs")
+    them = "it" if len(ids) == 1 else "them"
+    return f"Launched {what}: " + ", ".join(f"`{i}`" for i in ids) + f". Watch {them} on **Live / Compare**."
+
+
 def _show_result() -> None:
     result = st.session_state.get("launch_result")
     if not result:
         return
-    what = f"comparison group **{result['group']}**" if result["group"] else "run"
-    st.success(f"Launched {what}: " + ", ".join(f"`{i}`" for i in result["ids"])
-               + ". Watch them on **Live / Compare**.", icon=":material/rocket_launch:")
-    if st.button("Watch live", key="launch_watch"):
-        from workbench.ui.nav import page
+    st.success(result_message(result["group"], result["ids"]), icon=":material/rocket_launch:")
+    from workbench.ui.nav import page
 
-        st.switch_page(page("compare"))
+    st.page_link(page("compare"), label="Open Live / Compare", icon=":material/monitoring:")
+
+
+def _active_quick_group() -> str | None:
+    """The quick comparison this session launched, while it is being created or any run of it is
+    active (a second click then must not launch another group)."""
+    group = st.session_state.get("quick_group")
+    if not group:
+        return None
+    runs = store().list_runs(group=group)
+    return group if runs.empty or any_active(runs) else None
 
 
 def _quick_comparison() -> None:
@@ -44,8 +59,19 @@ def _quick_comparison() -> None:
         st.markdown("**First time here?** One click launches GRPO, RLOO and PPO on the built-in tiny model, "
                     "side by side on the same prompts and seed; on a 2-core CPU all three finish in about "
                     "90 s with rewards rising (measured by bench/learning_bench.py).")
-        if guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary"):
-            launch_and_remember(wr.quickstart_recipes(), f"quick-{time.strftime('%Y%m%d-%H%M%S')}")
+        running = _active_quick_group()
+        help_ = f"Your quick comparison {running} is still running: watch it on Live / Compare." if running else None
+        if not guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary",
+                              disabled=bool(running), help=help_):
+            return
+        if _active_quick_group():  # a click queued before the button was drawn disabled
+            st.info(f"Quick comparison {_active_quick_group()} is already running: no second group launched.")
+            return
+        group = f"quick-{time.strftime('%Y%m%d-%H%M%S')}"
+        st.session_state["quick_group"] = group  # set before launching: a click arriving meanwhile is refused
+        if launch_and_remember(wr.quickstart_recipes(), group):
+            st.rerun()  # the result message (with its link) is drawn at the top of the page
+        st.session_state.pop("quick_group", None)
 
 
 def _starting_point() -> tuple[Recipe | None, str]:
@@ -68,6 +94,13 @@ def _starting_point() -> tuple[Recipe | None, str]:
         return None, ""
 
 
+def launch_blocked_message(errors: dict[str, str]) -> str:
+    """'Fix these fields before launching: train.minibatches (Training tab), ...'."""
+    fields = fields_at_fault(errors)
+    named = [f"{f} ({section_title(f)} tab)" if section_title(f) else f for f in fields]
+    return f"Fix {'this field' if len(fields) == 1 else 'these fields'} before launching: " + ", ".join(named)
+
+
 def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe) -> None:
     st.subheader("Launch")
     # the choices leave out the starting point's preset, not whatever the editable run name says
@@ -87,7 +120,7 @@ def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe
     tags_text = cols[2].text_input("Tags (comma separated)", key="launch_tags")
     notes = st.text_area("Notes", key="launch_notes", height=68)
     if errors:
-        st.error(f"Fix {len(errors)} field(s) before launching: " + ", ".join(k or "recipe" for k in errors))
+        st.error(launch_blocked_message(errors), icon=":material/error:")
     blocked_notice()
     label = f"Launch {1 + len(others)} runs" if others else "Launch run"
     if not guarded_button(label, key="launch_go", type="primary", disabled=recipe is None):

@@ -17,7 +17,12 @@ class PageSpec(NamedTuple):
 
 
 def _render(module: str) -> Callable[[], None]:
-    return importlib.import_module(f"workbench.ui.{module}").render
+    """The page's render function, imported on the first visit (not when the navigation is built)."""
+    def render() -> None:
+        importlib.import_module(f"workbench.ui.{module}").render()
+
+    render.__name__ = render.__qualname__ = f"render_{module}"
+    return render
 
 
 def page_specs() -> dict[str, list[PageSpec]]:
@@ -39,22 +44,30 @@ def page_specs() -> dict[str, list[PageSpec]]:
     return sections
 
 
-def _page(spec: PageSpec, default: bool = False) -> st.Page:
-    return st.Page(spec.render, title=spec.title, url_path=spec.url_path, icon=spec.icon, default=default)
+def _page(spec: PageSpec) -> st.Page:
+    return st.Page(spec.render, title=spec.title, url_path=spec.url_path, icon=spec.icon)
+
+
+def _home() -> None:
+    """'/' opens the first page at its own address: Streamlit serves a default page only at '/',
+    so with Launch as the default, opening /launch directly said "Page not found"."""
+    st.switch_page(page(next(iter(page_specs().values()))[0].url_path))
 
 
 def navigation() -> dict[str, list[st.Page]]:
-    """Sections of st.Page objects for st.navigation (the first workbench page is the default)."""
-    specs = page_specs()
-    return {section: [_page(s, default=(section == "Workbench" and i == 0)) for i, s in enumerate(pages)]
-            for section, pages in specs.items()}
+    """Sections of st.Page objects for st.navigation: every page at its url path, and a hidden
+    default page at '/' that switches to the first workbench page."""
+    home = st.Page(_home, title="RL Workbench", url_path="home", default=True, visibility="hidden")
+    sections = {section: [_page(s) for s in pages] for section, pages in page_specs().items()}
+    first = next(iter(sections))
+    sections[first] = [home, *sections[first]]
+    return sections
 
 
 def page(url_path: str) -> st.Page:
-    """The st.Page with this url path (for st.switch_page)."""
-    first = next(iter(page_specs().values()))[0]
+    """The st.Page with this url path (for st.switch_page and st.page_link)."""
     for pages in page_specs().values():
         for spec in pages:
             if spec.url_path == url_path:
-                return _page(spec, default=spec is first or spec.url_path == first.url_path)
+                return _page(spec)
     raise ValueError(f"page url_path={url_path!r} does not exist")

@@ -212,6 +212,67 @@ def comparison_recipes(base: Recipe, presets: list[str]) -> list[Recipe]:
     return out
 
 
+# An algorithm *choice* named after one member of a family ("gspo_variant", "cispo_bounds",
+# "grpo_scale", "reinforce_form") picks a variant of that member and is read only when it is
+# chosen; the member is found among the registered names of the switch fields (policy loss
+# first: 'reinforce' names a policy loss and an advantage estimator).
+_SWITCHES = ("algorithm.policy_loss", "algorithm.advantage")
+
+
+def field_owner(spec: FieldSpec) -> tuple[str, str] | None:
+    """(choice field path, registered name) that ``spec`` belongs to, or None (always relevant)."""
+    if not spec.path.startswith("algorithm.") or spec.kind != "choice":
+        return None
+    for switch in _SWITCHES:
+        names = _NAMED_CHOICES[switch.rsplit(".", 1)[1]]()
+        for name in sorted(names, key=len, reverse=True):  # reinforce_pp before reinforce
+            if spec.label.startswith(name + "_"):
+                return switch, name
+    return None
+
+
+def is_relevant(spec: FieldSpec, values: dict[str, Any]) -> bool:
+    """Whether the form should show ``spec`` given the current widget values by path."""
+    owner = field_owner(spec)
+    return owner is None or values.get(owner[0]) == owner[1]
+
+
+def field_rows(specs: list[FieldSpec], width: int = 3) -> list[list[FieldSpec]]:
+    """Lay fields out in rows of ``width``; an X_low / X_high pair always shares one row."""
+    rows: list[list[FieldSpec]] = []
+    row: list[FieldSpec] = []
+    paths = [s.path for s in specs]
+    for i, spec in enumerate(specs):
+        pair = spec.path.endswith("_low") and spec.path.removesuffix("_low") + "_high" in paths[i + 1:i + 2]
+        if pair and len(row) > width - 2:
+            rows.append(row)
+            row = []
+        row.append(spec)
+        if len(row) == width and not pair:
+            rows.append(row)
+            row = []
+    return rows + ([row] if row else [])
+
+
+def fields_at_fault(errors: dict[str, str]) -> list[str]:
+    """The field paths an error dict blames, in order: a field's own error names it; a rule over
+    several fields (key '' or a section) names the fields its message mentions."""
+    paths = [s.path for s in field_specs()]
+    out: list[str] = []
+    for key, message in errors.items():
+        named = [key] if key in paths else sorted((p for p in paths if re.search(rf"(?<![\w.]){re.escape(p)}(?![\w])", message)),
+                                                  key=message.find)
+        for path in named or [key or "recipe"]:
+            if path not in out:
+                out.append(path)
+    return out
+
+
+def section_title(path: str) -> str | None:
+    """The tab a field path is shown on (None for the top-level fields)."""
+    return SECTIONS.get(path.split(".", 1)[0]) if "." in path else None
+
+
 # ---- Streamlit ------------------------------------------------------------------------------
 
 
@@ -255,17 +316,18 @@ def render_form(base: Recipe) -> tuple[Recipe | None, dict[str, str]]:
     for i, spec in enumerate(top):
         with cols[i % 2]:
             _widget(spec, errors.get(spec.path))
-    tabs = st.tabs([f"{title} ⚠" if any(p == s or p.startswith(s + ".") for p in errors) else title
-                    for s, title in SECTIONS.items()])
+    # Labels never change (a label with a warning sign made a new tab bar, which jumped back to
+    # the first tab); the fields at fault are listed with their tab instead.
+    tabs = st.tabs(list(SECTIONS.values()), key="rf:tabs")
     for tab, section in zip(tabs, SECTIONS):
         with tab:
             if errors.get(section):
                 st.error(errors[section], icon=":material/error:")
-            fields = [s for s in specs if s.path.startswith(section + ".")]
-            cols = st.columns(3)
-            for i, spec in enumerate(fields):
-                with cols[i % 3]:
-                    _widget(spec, errors.get(spec.path))
+            fields = [s for s in specs if s.path.startswith(section + ".") and is_relevant(s, raw)]
+            for row in field_rows(fields):
+                for col, spec in zip(st.columns(3), row):
+                    with col:
+                        _widget(spec, errors.get(spec.path))
     if errors.get(""):
         st.error(errors[""], icon=":material/error:")
     return recipe, errors

@@ -41,12 +41,16 @@ def _table() -> None:
     st.dataframe(view, hide_index=True, column_config=TABLE_CONFIG, key="runs_table")
 
 
-def _run_status(run_id: str) -> None:
-    """The selected run's status line (and its error), refreshed while it is active."""
+def _run_status(run_id: str, drawn_status: str) -> None:
+    """The selected run's status line (and its error), refreshed while it is active. When the
+    status moves on (starting -> running, running -> cancelled) the whole page is drawn again, so
+    the run's label in the selector and the enabled buttons follow it."""
     try:
         run = store().get_run(run_id)
     except wr.RunError:
         return
+    if run["status"] != drawn_status:
+        st.rerun(scope="app")
     st.markdown(f"Status: **{run['status']}** · step {step_label(run['last_step'], run['total_steps'])} · "
                 f"target `{run['target']}` · owner {run['created_by']}")
     if run["error"]:  # a cancel is the user's own doing: a notice, not an alarm
@@ -58,10 +62,10 @@ def _actions() -> None:
     if runs.empty:
         return
     st.subheader("Manage a run")
-    run_id = st.selectbox("Run", runs["id"].tolist(), format_func=run_option(runs), key="runs_selected")
+    run_id = st.selectbox("Run", runs["id"].tolist(), format_func=run_option(runs, status=False), key="runs_selected")
     run = store().get_run(run_id)
     live = run["status"] in wr.ACTIVE_STATUSES
-    st.fragment(_run_status, run_every=1.0 if live else None)(run_id)  # follows a cancel without a rerun
+    st.fragment(_run_status, run_every=1.0 if live else None)(run_id, run["status"])
     cols = st.columns(2)
     with cols[0]:
         new_name = st.text_input("Name", value=run["name"], key=f"runs_name:{run_id}")

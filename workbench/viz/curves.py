@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from scipy.signal import lfilter
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ def _x_wall(rows: pd.DataFrame) -> pd.Series:
 
 X_AXES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {"step": _x_step, "tokens": _x_tokens, "wall time": _x_wall}
 
+# The legend sits in one row between the title and the plot area, so it never meets the x-axis
+# title below the plot (a legend at y < 0 was drawn over it).
+TITLE_PLACE = {"x": 0.0, "xanchor": "left", "y": 0.97, "yanchor": "top", "yref": "container"}
+LEGEND_PLACE = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+# TensorBoard's default smoothing: single steps of a small-batch reward are mostly noise.
+DEFAULT_SMOOTHING = 0.6
+
 # Distinguishes the metrics of one panel; colours distinguish runs.
 _DASHES = ("solid", "dash", "dot", "dashdot")
 _COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff", "#fecb52")
@@ -93,13 +101,33 @@ def ema(values, weight: float) -> np.ndarray:
     if weight == 0.0:
         return x.copy()
     out = np.full_like(x, np.nan)
-    s, norm = 0.0, 0.0
-    for i, v in enumerate(x):  # N <= a few thousand steps: a loop is fast enough and exact
-        if np.isfinite(v):
-            s = weight * s + (1.0 - weight) * v
-            norm = weight * norm + (1.0 - weight)  # = 1 - w^n
-            out[i] = s / norm
+    ok = np.isfinite(x)
+    if ok.any():
+        # the recursion s_t = w s_{t-1} + (1 - w) x_t over the finite values is the IIR filter
+        # b = [1 - w], a = [1, -w]; the same filter of ones gives the normaliser 1 - w^n_t
+        # (a Python loop took ~0.4 s for the 30 seeds x 16 metrics x 1,000 steps of the arms view)
+        s = lfilter([1.0 - weight], [1.0, -weight], x[ok])
+        norm = lfilter([1.0 - weight], [1.0, -weight], np.ones(int(ok.sum())))
+        out[ok] = s / norm
     return out
+
+
+def with_x(df: pd.DataFrame, x: str) -> pd.DataFrame:
+    """``df`` (rows of many runs) plus a column named ``x`` holding each run's x-axis values
+    (``X_AXES[x]`` applied run by run, rows sorted by run then step). For ``step`` the frame is
+    only sorted: the column is already there."""
+    if x not in X_AXES:
+        raise ValueError(f"x={x!r} is not allowed; choose one of: {', '.join(X_AXES)}")
+    ordered = df.sort_values(["run_id", "step"], kind="stable")
+    if x == "step" or ordered.empty:
+        return ordered
+    xs = [X_AXES[x](rows) for _, rows in ordered.groupby("run_id", sort=False)]
+    return ordered.assign(**{x: pd.concat(xs).astype(np.float64)})
+
+
+def colour(i: int) -> str:
+    """The i-th run's (or arm's) colour, the same in every panel."""
+    return _COLOURS[i % len(_COLOURS)]
 
 
 def _short_metric(metric: str) -> str:
@@ -125,14 +153,14 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
     for r, run_id in enumerate(run_ids):
         rows = df[df["run_id"] == run_id].sort_values("step")
         xs = X_AXES[x](rows).to_numpy()
-        colour = _COLOURS[r % len(_COLOURS)]
+        line_colour = colour(r)
         label = labels.get(run_id, run_id)
         for m, metric in enumerate(present):
             if rows[metric].isna().all():
                 continue
             name = label if len(present) == 1 else f"{label} · {_short_metric(metric)}"
             ys = rows[metric].to_numpy(dtype=np.float64)
-            line = {"color": colour, "dash": _DASHES[m % len(_DASHES)], "width": 2}
+            line = {"color": line_colour, "dash": _DASHES[m % len(_DASHES)], "width": 2}
             if smoothing > 0:
                 fig.add_trace(go.Scatter(x=xs, y=ys, name=f"{name} (raw)", mode="lines", showlegend=False,
                                          opacity=0.25, line={**line, "width": 1}, hoverinfo="skip",
@@ -140,8 +168,9 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
                 ys = ema(ys, smoothing)
             fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=line, legendgroup=name))
     fig.update_layout(
-        title={"text": panel.title, "font": {"size": 14}}, height=height, margin={"l": 40, "r": 10, "t": 40, "b": 30},
-        xaxis_title=X_LABELS[x], legend={"orientation": "h", "y": -0.2}, uirevision="keep",  # zoom survives updates
+        title={"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, height=height,
+        margin={"l": 40, "r": 10, "t": 70, "b": 40}, xaxis_title=X_LABELS[x], legend=LEGEND_PLACE,
+        uirevision="keep",  # zoom survives updates
     )
     return fig
 

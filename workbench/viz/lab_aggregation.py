@@ -4,8 +4,9 @@ The weight of token (i, t) is w_it = dL / d l_it, where L = aggregate_loss(mode,
 autograd through ``workbench.core.aggregate_loss`` itself, never re-derived here. For the RLHF
 book's example (per-token losses l = R A with R = 1, A = 2; masks of 4 and 7 tokens; L_max = 7)
 the gradient with respect to R is w A: 0.25 / 0.1429 (seq-mean-token-mean), 0.1429 / 0.1429
-(seq-mean-token-sum-norm, B = 2); token-mean gives w = 1/11 = 0.0909 (the book's printed line,
-which drops A: with A = 2 it is 0.1818).
+(seq-mean-token-sum-norm, B = 2: TRL's dr_grpo and verl >= 0.9), 0.2857 / 0.2857
+(token-sum-norm: verl < 0.9 divided by L_max only); token-mean gives w = 1/11 = 0.0909 (the
+book's printed line, which drops A: with A = 2 it is 0.1818).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+from plotly.colors import qualitative
 
-from workbench.core import aggregate_loss
+from workbench.core import LOSS_AGGREGATIONS, aggregate_loss
 
-# The four modes the book and TRL discuss; the others registered in core can be added by name.
-LAB_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-MODE_COLORS = {"token-mean": "#1f77b4", "seq-mean-token-mean": "#d62728", "seq-mean-token-sum": "#ff7f0e",
-               "seq-mean-token-sum-norm": "#2ca02c", "token-sum-norm": "#9467bd"}
+# Every mode registered in core, in its order: a mode added there shows up here.
+LAB_MODES: tuple[str, ...] = LOSS_AGGREGATIONS.names()
+MODE_COLORS: dict[str, str] = {m: qualitative.Plotly[i % len(qualitative.Plotly)] for i, m in enumerate(LAB_MODES)}
 BOOK_EXAMPLE: tuple[tuple[float, ...], ...] = ((2.0,) * 4, (2.0,) * 7)  # l = R A, R = 1, A = 2
 
 

@@ -5,7 +5,10 @@ sequence. Every number is a ``workbench.core`` call.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -13,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from workbench.core import AdvantageConfig, PolicyLossConfig, compute_advantages, compute_policy_loss
+from workbench.core import REGION_NAMES, REWARD_DTYPE, AdvantageConfig, PolicyLossConfig, compute_advantages, compute_policy_loss
 
 from .lab_aggregation import token_weights
 
@@ -54,11 +57,12 @@ def parse_numbers(text: str, field_name: str = "rewards") -> list[float]:
 def sequence_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6,
                         variants: Sequence[Variant] = SEQUENCE_VARIANTS) -> pd.DataFrame:
     """Advantage of each completion (rows, grouped contiguously by ``group_size``) under every
-    variant (columns), computed by ``compute_advantages`` on one-token sequences."""
-    r = torch.tensor(list(rewards), dtype=torch.float64)
+    variant (columns), computed by ``compute_advantages`` on one-token sequences, in the dtype the
+    engine scores rewards in (REWARD_DTYPE): the numbers a run's Samples table shows."""
+    r = torch.tensor(list(rewards), dtype=REWARD_DTYPE)
     if group_size < 1 or len(r) % group_size:
         raise ValueError(f"group size={group_size} must be >= 1 and divide the number of rewards ({len(r)})")
-    mask = torch.ones(len(r), 1, dtype=torch.float64)
+    mask = torch.ones(len(r), 1, dtype=REWARD_DTYPE)
     columns: dict[str, list] = {"group": [i // group_size for i in range(len(r))], "reward": list(map(float, rewards))}
     for v in variants:
         cfg = AdvantageConfig(group_size=group_size, eps=eps, **v.overrides)
@@ -125,8 +129,8 @@ def std_bias_example(groups: Sequence[Sequence[float]] = STD_BIAS_GROUPS, eps: f
     (0.1, 0, 0, 0) gets the same 1.5 as (1, 0, 0, 0), where Dr. GRPO gives 0.075 and 0.75."""
     rows = []
     for g in groups:
-        r = torch.tensor(list(g), dtype=torch.float64)
-        mask = torch.ones(len(r), 1, dtype=torch.float64)
+        r = torch.tensor(list(g), dtype=REWARD_DTYPE)
+        mask = torch.ones(len(r), 1, dtype=REWARD_DTYPE)
         out = {"group rewards": ", ".join(f"{x:g}" for x in g)}
         for label, scale in (("GRPO A(best)", "group"), ("Dr. GRPO A(best)", "none")):
             adv = compute_advantages("grpo", r, mask, AdvantageConfig(group_size=len(r), scale=scale, eps=eps)).advantages[:, 0]
@@ -184,3 +188,98 @@ def policy_gradient_figure(table: pd.DataFrame) -> go.Figure:
 def source_of(*functions: Callable) -> str:
     """The project's own implementation, as the page shows it (``inspect.getsource``)."""
     return "\n\n".join(inspect.getsource(f) for f in functions)
+
+
+# ---------------------------------------------------------------------------------------------
+# registry walkthroughs: any registered estimator / loss on a small batch
+
+
+def config_fields(config_class: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(config_class))
+
+
+def knobs_read(fn: Callable, config_class: type) -> tuple[str, ...]:
+    """The ``config_class`` fields that ``fn``'s own source reads as ``cfg.<field>``, in field
+    order: the knobs of a function registered without an explanation entry."""
+    read = set(re.findall(r"\bcfg\.(\w+)", inspect.getsource(fn)))
+    return tuple(f for f in config_fields(config_class) if f in read)
+
+
+def ragged(rows: Sequence[Sequence[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rows -> (values (B, T) float64 zero-padded, mask (B, T) float64)."""
+    T = max(len(r) for r in rows)
+    values = torch.zeros(len(rows), T, dtype=torch.float64)
+    mask = torch.zeros_like(values)
+    for i, r in enumerate(rows):
+        values[i, : len(r)] = torch.tensor(list(r), dtype=torch.float64)
+        mask[i, : len(r)] = 1.0
+    return values, mask
+
+
+def token_columns(x: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, list]:
+    """(B, T) -> {'<prefix>0': [...], ...}, None on padding (an empty cell, not a 0)."""
+    return {f"{prefix}{t}": [float(v) if m else None for v, m in zip(x[:, t].tolist(), mask[:, t].tolist())]
+            for t in range(x.shape[1])}
+
+
+def advantage_example(name: str, rewards: Sequence[float], lengths: Sequence[int], cfg: AdvantageConfig, *,
+                      values: Sequence[float] | None = None, baselines: Sequence[float] | None = None) -> pd.DataFrame:
+    """One batch through ``compute_advantages(name, ...)``: completion i has reward r_i and
+    lengths[i] tokens, groups of cfg.group_size contiguous. values (B,): the critic's V on every
+    token of completion i (critic estimators); baselines (B,) (baseline estimators). Rewards in
+    REWARD_DTYPE, as the engine. -> one row per completion: group, reward, length, A_t0.. per
+    token (empty on padding), and R_t0.. (returns) where they differ from the advantages."""
+    if len(lengths) != len(rewards):
+        raise ValueError(f"lengths has {len(lengths)} entries but rewards has {len(rewards)}: give one length per completion")
+    if any(n < 1 or n != int(n) for n in lengths):
+        raise ValueError(f"lengths={list(lengths)}: each completion needs a whole number of tokens >= 1")
+    for label, given in (("values", values), ("baselines", baselines)):
+        if given is not None and len(given) != len(rewards):
+            raise ValueError(f"{label} has {len(given)} entries but rewards has {len(rewards)}: give one per completion")
+    G = cfg.group_size
+    if G < 1 or len(rewards) % G:
+        raise ValueError(f"group size={G} must be >= 1 and divide the number of rewards ({len(rewards)})")
+    r = torch.tensor(list(rewards), dtype=REWARD_DTYPE)
+    _, mask = ragged([[0.0] * int(n) for n in lengths])
+    mask = mask.to(REWARD_DTYPE)
+    v = None if values is None else torch.tensor(list(values), dtype=REWARD_DTYPE)[:, None] * mask
+    b = None if baselines is None else torch.tensor(list(baselines), dtype=REWARD_DTYPE)
+    out = compute_advantages(name, r, mask, cfg, values=v, baselines=b)
+    table = {"group": [i // G for i in range(len(r))], "reward": [float(x) for x in r], "length": [int(n) for n in lengths]}
+    table.update(token_columns(out.advantages.double(), mask, "A_t"))
+    if not torch.equal(out.returns, out.advantages):
+        table.update(token_columns(out.returns.double(), mask, "R_t"))
+    return pd.DataFrame(table)
+
+
+EXAMPLE_OLD_PROB = 0.1  # pi_old of every token in the policy-loss example
+
+
+def policy_loss_example(name: str, log_ratios: Sequence[Sequence[float]], advantages: Sequence[float],
+                        cfg: PolicyLossConfig) -> tuple[pd.DataFrame, dict[str, float]]:
+    """One batch through ``compute_policy_loss(name, ...)``: sequence i has per-token log-ratios
+    log(pi/pi_old) (every old probability EXAMPLE_OLD_PROB, which the probability-based losses
+    read; so a log-ratio may not exceed -log EXAMPLE_OLD_PROB) and advantage A_i on every token. -> one row per valid token: seq, token, log ratio, the ratio
+    the loss used, its region, zero gradient, loss and -d loss / d log pi (autograd), and the
+    loss's metrics."""
+    if len(advantages) != len(log_ratios):
+        raise ValueError(f"advantages has {len(advantages)} entries but there are {len(log_ratios)} sequences: give one per sequence")
+    d, mask = ragged(log_ratios)
+    top = -math.log(EXAMPLE_OLD_PROB)
+    if (d > top).any():
+        raise ValueError(f"log-ratios={[list(r) for r in log_ratios]}: each must be <= {top:.4f}, since pi = "
+                         f"{EXAMPLE_OLD_PROB} x e^(log-ratio) is a probability")
+    old = torch.full_like(d, math.log(EXAMPLE_OLD_PROB)) * mask
+    logp = (old + d).clone().requires_grad_(True)
+    adv = torch.tensor(list(advantages), dtype=torch.float64)[:, None] * mask
+    loss, diag = compute_policy_loss(name, logp, old, adv, mask, cfg)
+    (grad,) = torch.autograd.grad(-loss.sum(), logp)
+    rows, cols = torch.nonzero(mask, as_tuple=True)
+    table = pd.DataFrame({
+        "seq": rows.tolist(), "token": cols.tolist(), "advantage": adv[rows, cols].tolist(),
+        "log ratio": d[rows, cols].tolist(), "ratio used": diag.ratio[rows, cols].tolist(),
+        "region": [REGION_NAMES[c] for c in diag.region[rows, cols].tolist()],
+        "zero grad": diag.zero_grad[rows, cols].tolist(),
+        "loss": loss.detach()[rows, cols].tolist(), "-d loss / d log pi": grad[rows, cols].tolist(),
+    })
+    return table, {k: float(v) for k, v in diag.metrics.items()}

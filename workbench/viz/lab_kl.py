@@ -34,6 +34,27 @@ def categorical(probs: Sequence[float], field_name: str) -> torch.Tensor:
     return p / p.sum()
 
 
+def normalisation_note(probs: Sequence[float], field_name: str) -> str | None:
+    """What :func:`categorical` did to ``probs`` when they do not sum to 1 (None when they do,
+    within float rounding): the page says so instead of renormalising silently."""
+    total = float(sum(probs))
+    if abs(total - 1.0) <= 1e-9:
+        return None
+    scaled = ", ".join(f"{p / total:.4g}" for p in probs)
+    return f"{field_name} sums to {total:.6g}, not 1: divided by {total:.6g}, it is used as {scaled}."
+
+
+# |bias| below this many ulps of the quantities it is the difference of is float rounding, not bias.
+NOISE_ULPS = 64
+
+
+def snap_rounding_noise(diff: float, *scale: float) -> float:
+    """``diff`` (a difference of floats of size ``scale``), or exactly 0.0 when it is within
+    NOISE_ULPS float64 ulps of them: E[k3] - KL = 1.1e-16 is rounding, and printed as a bias."""
+    tolerance = NOISE_ULPS * torch.finfo(torch.float64).eps * max([1.0, *map(abs, scale)])
+    return 0.0 if abs(diff) <= tolerance else diff
+
+
 def true_kl(pi: torch.Tensor, ref: torch.Tensor) -> float:
     """KL(pi || ref) = sum_x pi(x) log(pi(x) / ref(x))."""
     return float((pi * (pi.log() - ref.log())).sum())
@@ -52,7 +73,7 @@ def estimator_moments(pi: torch.Tensor, ref: torch.Tensor, estimators: Sequence[
     for name in estimators:
         k = per_outcome_estimates(pi, ref, name)
         mean = float((pi * k).sum())
-        rows.append({"estimator": name, "true KL": kl, "mean": mean, "bias": mean - kl,
+        rows.append({"estimator": name, "true KL": kl, "mean": mean, "bias": snap_rounding_noise(mean - kl, mean, kl),
                      "variance": float((pi * (k - mean) ** 2).sum())})
     return pd.DataFrame(rows)
 

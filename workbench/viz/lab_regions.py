@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from workbench.core import REGION_NAMES, PolicyLossConfig, compute_policy_loss, dual_clip_cap
@@ -32,6 +33,7 @@ REGION_COLORS: dict[str, str] = {
     "masked": "#7f7f7f",
 }
 RUN_SYMBOLS = ("circle", "x", "diamond", "triangle-up", "square", "star", "cross", "hexagon")
+LOSS_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 FLOW_FILL, STOP_FILL, DUAL_FILL = "rgba(44,160,44,0.10)", "rgba(127,127,127,0.22)", "rgba(148,103,189,0.22)"
 
 
@@ -96,21 +98,16 @@ def objective_and_gradient(loss: str, ratios: torch.Tensor, advantage: float, cf
 
 
 def analytic_curves(
-    cfg: PolicyLossConfig,
+    losses: Mapping[str, tuple[str, PolicyLossConfig]],
     *,
-    gspo: PolicyLossConfig | None = None,
-    cispo: PolicyLossConfig | None = None,
     advantages: Sequence[float] = (1.0, -1.0),
     ratios: torch.Tensor | None = None,
 ) -> pd.DataFrame:
-    """Long table (loss, advantage, ratio, objective, gradient) of PPO clip (with ``cfg``), GSPO
-    and CISPO for each advantage value."""
+    """Long table (loss, advantage, ratio, objective, gradient): for each label of ``losses``
+    (label -> (registered loss name, its config)) and each advantage value, one token's J(R) and
+    dJ / d log pi. Only for losses whose per-token value is a function of the token's ratio alone
+    (clip, GSPO / GMPO on one-token sequences, CISPO, SAPO, REINFORCE, GPG)."""
     ratios = ratio_grid() if ratios is None else ratios
-    losses = {"PPO clip": ("clip", cfg)}
-    if gspo is not None:
-        losses["GSPO (sequence ratio s)"] = ("gspo", gspo)
-    if cispo is not None:
-        losses["CISPO (surrogate)"] = ("cispo", cispo)
     frames = []
     for label, (name, loss_cfg) in losses.items():
         for a in advantages:
@@ -135,27 +132,33 @@ def region_bands(cfg: PolicyLossConfig, sign: int, r_max: float) -> list[tuple[f
     return bands
 
 
-def analytic_figure(curves: pd.DataFrame, cfg: PolicyLossConfig) -> go.Figure:
-    """2 x 2 grid: rows A > 0 / A < 0, columns objective / gradient; the book's regions shaded."""
+def analytic_figure(curves: pd.DataFrame, cfg: PolicyLossConfig | None = None) -> go.Figure:
+    """2 x 2 grid: rows A > 0 / A < 0, columns objective / gradient, one line per loss (colour and
+    dash by its order in ``curves``); the book's regions of PPO clip with ``cfg`` shaded, if given."""
     advantages = sorted(curves["advantage"].unique(), reverse=True)
     fig = make_subplots(rows=len(advantages), cols=2, shared_xaxes=True, horizontal_spacing=0.08, vertical_spacing=0.1,
                         subplot_titles=[f"{what}, A = {a:g}" for a in advantages for what in ("objective J(R)", "dJ / d log pi")])
     r_max = float(curves["ratio"].max())
-    dashes = {"PPO clip": "solid", "GSPO (sequence ratio s)": "dash", "CISPO (surrogate)": "dot"}
-    colors = {"PPO clip": "#1f77b4", "GSPO (sequence ratio s)": "#ff7f0e", "CISPO (surrogate)": "#2ca02c"}
+    labels = list(dict.fromkeys(curves["loss"]))
+    colors = {label: qualitative.Plotly[i % len(qualitative.Plotly)] for i, label in enumerate(labels)}
+    dashes = {label: LOSS_DASHES[i % len(LOSS_DASHES)] for i, label in enumerate(labels)}
     for row, a in enumerate(advantages, start=1):
         for loss, part in curves[curves["advantage"] == a].groupby("loss", sort=False):
             for col, y in ((1, "objective"), (2, "gradient")):
                 fig.add_trace(go.Scatter(x=part["ratio"], y=part[y], mode="lines", name=loss, legendgroup=loss,
                                          showlegend=(row == 1 and col == 1),
-                                         line={"dash": dashes.get(loss, "solid"), "color": colors.get(loss)}),
+                                         line={"dash": dashes[loss], "color": colors[loss]}),
                               row=row, col=col)
+        if cfg is None:
+            continue
         # shading after the traces: plotly skips shapes on subplots that hold no data yet
         for lo, hi, label, fill in region_bands(cfg, 1 if a > 0 else -1, r_max):
             for col in (1, 2):
-                fig.add_vrect(x0=lo, x1=hi, fillcolor=fill, line_width=0, layer="below", row=row, col=col,
-                              annotation_text=label if col == 1 else None, annotation_position="top left",
-                              annotation_font_size=10)
+                # the label on the objective only: any annotation_* argument makes an annotation,
+                # and one without text is drawn as plotly.js's placeholder "new text"
+                label_kw = ({"annotation_text": label, "annotation_position": "top left", "annotation_font_size": 10}
+                            if col == 1 else {})
+                fig.add_vrect(x0=lo, x1=hi, fillcolor=fill, line_width=0, layer="below", row=row, col=col, **label_kw)
     fig.update_xaxes(title_text="ratio R = pi / pi_old", row=len(advantages))
     fig.update_layout(height=320 * len(advantages), margin={"t": 40, "b": 40}, legend={"orientation": "h", "y": -0.12})
     return fig

@@ -1,10 +1,14 @@
-"""The Runs page's table: filter, sort and shape ``RunStore.list_runs()`` (pure pandas)."""
+"""Tables of the pages (pure pandas): the Runs page's table (filter, sort and shape
+``RunStore.list_runs()``) and the verdict table of Live / Compare and the Experiments lab."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
+import numpy as np
 import pandas as pd
+
+from workbench.analysis.stats import PAIR_COLUMNS, arm_summary, final_window_scores, pairwise
 
 from workbench.viz.curves import progress, step_label
 
@@ -65,3 +69,55 @@ def filter_runs(table: pd.DataFrame, *, statuses: Iterable[str] = (), group: str
 
 def all_tags(table: pd.DataFrame) -> list[str]:
     return sorted({t.strip() for tags in table.get("tags", []) for t in tags.split(",") if t.strip()})
+
+
+# -- the verdict table (arms x seeds; the statistics are workbench.analysis.stats) ------------------
+CONFIDENCE = 0.95  # the intervals' level (the column names say 95%)
+ARM_TABLE_COLUMNS = ["arm", "seeds", "mean", "95% CI", "IQM", "IQM 95% CI", "note"]
+PAIR_TABLE_COLUMNS = ["A", "B", "A − B", "95% CI", "P(A > B)", "p (Welch)", "seeds needed", "verdict"]
+
+
+def interval_text(low: float, high: float) -> str:
+    """'[0.412, 0.523]' (3 significant digits), '—' where there is no interval (NaN)."""
+    return "—" if not (np.isfinite(low) and np.isfinite(high)) else f"[{low:.3g}, {high:.3g}]"
+
+
+class Verdict(NamedTuple):
+    """The verdict table of one metric: per arm, per pair, and the final window's extent."""
+
+    arms: pd.DataFrame  # ARM_TABLE_COLUMNS, one row per arm
+    pairs: pd.DataFrame  # PAIR_TABLE_COLUMNS, one row per compared pair (empty with one arm)
+    window: str  # e.g. "last 10% of each run's logged steps: 10 steps (steps 90-99)"
+
+
+def _window_text(scores: pd.DataFrame, window_frac: float) -> str:
+    k = sorted(set(scores["window_steps"]))
+    steps = f"{k[0]} step{'s' * (k[0] != 1)}" if len(k) == 1 else f"{k[0]}-{k[-1]} steps"
+    bounds = (f" (steps {scores['first_step'].iloc[0]}-{scores['last_step'].iloc[0]})"
+              if scores["first_step"].nunique() == 1 and scores["last_step"].nunique() == 1 else "")
+    return f"last {window_frac:.0%} of each run's logged steps: {steps}{bounds}"
+
+
+def verdict(frame: pd.DataFrame, metric: str, window_frac: float = 0.1, *, baseline: str | None = None) -> Verdict:
+    """The verdict table of ``metric`` from the long frame ``RunStore.arm_metrics(...)``: each run
+    scored by its final-window mean (``final_window_scores``), then ``arm_summary`` per arm and
+    ``pairwise`` per pair (every pair, or each arm against ``baseline``), shaped for display:
+    numbers stay numbers, intervals become text. ValueError naming the metric when no run logged it."""
+    scores = final_window_scores(frame, metric, window_frac)
+    if scores.empty:
+        raise ValueError(f"metric={metric!r}: no run of this selection logged it yet")
+    values = {arm: g["score"].to_numpy(dtype=np.float64) for arm, g in scores.groupby("arm", sort=False)}
+    summary = arm_summary(values, CONFIDENCE)
+    arms = pd.DataFrame({
+        "arm": summary["arm"], "seeds": summary["n"], "mean": summary["mean"],
+        "95% CI": [interval_text(lo, hi) for lo, hi in zip(summary["ci_low"], summary["ci_high"])],
+        "IQM": summary["iqm"],
+        "IQM 95% CI": [interval_text(lo, hi) for lo, hi in zip(summary["iqm_ci_low"], summary["iqm_ci_high"])],
+        "note": summary["note"]}, columns=ARM_TABLE_COLUMNS)
+    pairs = pairwise(values, CONFIDENCE, baseline=baseline) if len(values) > 1 else pd.DataFrame(columns=PAIR_COLUMNS)
+    pairs = pd.DataFrame({
+        "A": pairs["a"], "B": pairs["b"], "A − B": pairs["diff"].astype(float),
+        "95% CI": [interval_text(lo, hi) for lo, hi in zip(pairs["diff_ci_low"], pairs["diff_ci_high"])],
+        "P(A > B)": pairs["p_improvement"].astype(float), "p (Welch)": pairs["p_value"].astype(float),
+        "seeds needed": pairs["seeds_needed"].astype("Int64"), "verdict": pairs["verdict"]}, columns=PAIR_TABLE_COLUMNS)
+    return Verdict(arms, pairs, _window_text(scores, window_frac))

@@ -17,6 +17,7 @@ Every launcher's run directory holds the same three files (the names are defined
 from __future__ import annotations
 
 import json
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ STDOUT_FILE = "stdout.log"
 EXIT_CODE_FILE = "exit_code"
 
 __all__ = ["EVENTS_FILE", "EXIT_CODE_FILE", "STDOUT_FILE", "ConfigError", "EventChunk", "LAUNCHERS", "LaunchError",
-           "Launcher", "parse_events", "read_file_events", "status_from_exit_code", "target_scheme"]
+           "Launcher", "UnreadableLine", "parse_events", "read_file_events", "status_from_exit_code",
+           "target_scheme"]
 
 
 class LaunchError(RuntimeError):
@@ -46,10 +48,27 @@ class ConfigError(LaunchError):
 
 @dataclass
 class EventChunk:
-    """Complete event lines read since ``run['events_offset']``; ``offset`` is the new position."""
+    """Complete event lines read since ``run['events_offset']``; ``offset`` is the new position.
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    ``events`` holds the parsed lines in order; a line that is not JSON is kept as an
+    :class:`UnreadableLine`, so the store skips and counts it with the other bad events.
+    ``warning``: the stream was not where the store left it (see :func:`read_file_events`).
+    """
+
+    events: list[Any] = field(default_factory=list)
     offset: int = 0
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class UnreadableLine:
+    """An event line that is not JSON (torn by a crash mid-write, or garbage); never a dict, so the
+    store skips it and counts it in ``skipped_events``."""
+
+    text: bytes
+
+    def __repr__(self) -> str:
+        return f"<line that is not JSON: {self.text[:60]!r}>"
 
 
 class Launcher:
@@ -105,7 +124,7 @@ def parse_events(data: bytes, offset: int, prefix: bytes = b"") -> EventChunk:
     With ``prefix`` (stdout mirrors), only lines starting with it are events.
     """
     end = data.rfind(b"\n") + 1
-    events = []
+    events: list[Any] = []
     for line in data[:end].splitlines():
         if prefix:
             if not line.startswith(prefix):
@@ -113,20 +132,36 @@ def parse_events(data: bytes, offset: int, prefix: bytes = b"") -> EventChunk:
             line = line[len(prefix):]
         try:
             events.append(json.loads(line))
-        except ValueError:
-            continue  # a line torn by a crash in the middle of a write
+        except (ValueError, RecursionError):  # torn by a crash mid-write, garbage, or nested too deep
+            events.append(UnreadableLine(line))
     return EventChunk(events, offset + end)
 
 
 def read_file_events(path: Path, offset: int) -> EventChunk:
-    """New complete events of the event file ``path`` from byte ``offset`` (none while it does not exist)."""
+    """New complete events of the event file ``path`` from byte ``offset`` (none while it does not exist).
+
+    The stream is append-only, so byte ``offset - 1`` is the newline that ended the last line the
+    store took. If the file is now shorter than ``offset``, or that byte is no longer a newline,
+    the file was truncated or replaced: lines written since would be lost silently, so it is read
+    again from the start (the store keeps the rows it has; keys make the replay add only new ones)
+    and the chunk carries a warning for the run.
+    """
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(offset - 1, 0))
+            data = f.read()
+            if offset == 0 or data[:1] == b"\n":
+                return parse_events(data[1:] if offset else data, offset)
+            f.seek(0)
             data = f.read()
     except FileNotFoundError:
         return EventChunk([], offset)
-    return parse_events(data, offset)
+    chunk = parse_events(data, 0)
+    chunk.warning = (f"{path.name} shrank from {offset} bytes ingested to {size} bytes (truncated or replaced); "
+                     "read again from the start" if size < offset else
+                     f"{path.name} was rewritten before byte {offset} (replaced); read again from the start")
+    return chunk
 
 
 def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple[str | None, str | None]:

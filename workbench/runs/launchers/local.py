@@ -1,10 +1,12 @@
 """Runs on this machine: a detached process group that outlives the app.
 
-The trainer is started by a small ``sh`` wrapper in its own session (``setsid``), double-forked so
-that init, not the app, becomes its parent (no zombies, survives an app restart). The wrapper
-records the trainer's exit code in ``exit_code``, which tells a crash (``kill -9``: 137) from a
-clean end when the event stream alone cannot. The wrapper lives exactly as long as the trainer
-(it ignores the cancel's SIGTERM and waits), so ``alive`` is the wrapper's pid.
+The trainer is started by a small wrapper (``reaper.py``) in its own session (``setsid``),
+double-forked so that init, not the app, becomes its parent (no zombies, survives an app restart).
+The wrapper is the run's child subreaper and lives until every process of the run has ended
+(it ignores the cancel's SIGTERM and reaps the orphans of a launcher that died), then records the
+launcher's exit code in ``exit_code``, which tells a crash (``kill -9``: 137) from a clean end when
+the event stream alone cannot. So ``alive`` is the wrapper's pid; should the wrapper itself be
+killed, it is any process carrying the run's id in its environment (``RUN_ID_ENV``).
 """
 
 from __future__ import annotations
@@ -21,15 +23,11 @@ from workbench.export.commands import shell_join, train_command
 from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError,
                                            Launcher, read_file_events, status_from_exit_code)
 
-# `setsid` gives the trainer its own process group (cancel signals the whole group: accelerate's
+# `setsid` gives the run its own process group (cancel signals the whole group: accelerate's
 # launcher and every rank); `&` + `echo $!` returns at once, so init adopts the wrapper.
-# Inside, the trainer runs in the background so the wrapper can trap the group's SIGTERM (a no-op
-# trap, set after the child started so the child does not inherit it) and keep `wait`ing until the
-# trainer is really gone (`wait` returns early when a trapped signal arrives; a zombie child still
-# answers `kill -0`), then record its exit code.
-_WRAPPER = ('"$@" > {stdout} 2>&1 & child=$!; trap : TERM; wait "$child"; code=$?; '
-            'while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done; echo "$code" > {exit_code}')
-_DETACH = "setsid sh -c '{wrapper}' wb-run {argv} < /dev/null > /dev/null 2>&1 & echo $!"
+_DETACH = "setsid {wrapper} < /dev/null > /dev/null 2>&1 & echo $!"
+REAPER = Path(__file__).with_name("reaper.py")
+RUN_ID_ENV = "WORKBENCH_RUN_ID"  # inherited by every process of the run: finds them once the wrapper is gone
 KILL_WAIT_S = 5.0  # after SIGKILL of the trainer's processes, how long the wrapper gets to record it
 
 
@@ -116,13 +114,14 @@ class LocalLauncher(Launcher):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)  # "" hides every GPU from CPU runs
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
+        env[RUN_ID_ENV] = str(run["id"])
         return env
 
     def start(self, run: dict) -> dict:
         run_dir = Path(run["run_dir"])
         argv = self.command(run)
-        wrapper = _WRAPPER.format(stdout=STDOUT_FILE, exit_code=EXIT_CODE_FILE)
-        script = _DETACH.format(wrapper=wrapper, argv=shell_join(argv))
+        wrapper = shell_join([sys.executable, str(REAPER), STDOUT_FILE, EXIT_CODE_FILE, "--", *argv])
+        script = _DETACH.format(wrapper=wrapper)
         try:
             out = subprocess.run(["sh", "-c", script], cwd=run_dir, env=self.environment(run), capture_output=True,
                                  text=True, timeout=30, check=True)
@@ -138,14 +137,11 @@ class LocalLauncher(Launcher):
         return {"pid": pid, "pgid": pid, "start_time": start, "command": shell_join(argv)}
 
     def alive(self, run: dict) -> bool | None:
-        handle = run.get("handle") or {}
-        pid = handle.get("pid")
-        if pid is None:
-            return False
-        current = _start_time(pid)
-        if current is None:
-            return False
-        return handle.get("start_time") in (None, current)
+        """While the wrapper lives (it outlives every process of the run); if the wrapper itself
+        was killed, while any process of the run is left (they go on writing events)."""
+        if _wrapper_alive(run):
+            return True
+        return bool(_run_processes(str(run["id"])))
 
     def cancel(self, run: dict, grace_s: float = 10.0) -> None:
         """SIGTERM to the group; after ``grace_s`` SIGKILL to every process of the run that is left
@@ -155,8 +151,10 @@ class LocalLauncher(Launcher):
         pgid, wrapper = handle.get("pgid"), handle.get("pid")
         if pgid is None or not self.alive(run):
             return
-        known = {wrapper: _start_time(wrapper)}
-        _add_descendants(known, wrapper)  # before the signal: once a parent exits, its orphans leave the tree
+        known = _run_processes(str(run["id"]))  # with the orphans of a wrapper that was killed
+        if _wrapper_alive(run):
+            known[wrapper] = _start_time(wrapper)
+            _add_descendants(known, wrapper)  # before the signal, as the tree changes when parents exit
         _signal_group(pgid, signal.SIGTERM)
         if _wait_gone(pgid, wrapper, known, grace_s):
             return
@@ -177,10 +175,33 @@ class LocalLauncher(Launcher):
         return status_from_exit_code(code, Path(run["run_dir"]) / STDOUT_FILE, "trainer process")
 
 
+def _wrapper_alive(run: dict) -> bool:
+    handle = run.get("handle") or {}
+    pid = handle.get("pid")
+    current = None if pid is None else _start_time(pid)
+    return current is not None and handle.get("start_time") in (None, current)
+
+
+def _run_processes(run_id: str) -> dict[int, str]:
+    """{pid: start time} of live processes whose environment carries ``RUN_ID_ENV=run_id`` (this
+    user's; /proc/PID/environ of others is unreadable). A scan of /proc: only used once the
+    wrapper is gone, and by cancel."""
+    marker = f"{RUN_ID_ENV}={run_id}".encode()
+    found = {}
+    for proc in _processes():
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            found[proc.pid] = proc.start_time
+    return found
+
+
 def _add_descendants(known: dict[int, str], wrapper: int) -> None:
     """Add the wrapper's current descendants to ``known`` (while the wrapper is still the same
     process: a recycled pid's children are none of ours)."""
-    if _start_time(wrapper) == known[wrapper]:
+    if wrapper in known and _start_time(wrapper) == known[wrapper]:
         known.update(_descendants(wrapper))
 
 

@@ -49,12 +49,16 @@ def diagnostics_by_step(store, run_id: str) -> dict[int, dict[str, Any]]:
     return {step: store.diagnostics(run_id, step) for step in store.diagnostic_steps(run_id)}
 
 
-def launch_button(recipes: list[Recipe], *, key: str, label: str, group: str | None = None) -> None:
+def launch_button(recipes: list[Recipe], *, key: str, label: str, group: str | None = None) -> list[str]:
     """A button launching ``recipes`` on this machine (one run, or a comparison ``group``) as the
     signed-in user; disabled, with the reason, when this session may not launch. The new runs
-    are preselected on Live / Compare."""
+    are preselected on Live / Compare; returns their ids ([] when nothing was launched)."""
     reason = auth.blocked_reason()
     if reason:
         st.caption(f":material/lock: {reason}")
     if guarded_button(label, key=key) and (ids := launch_and_remember(recipes, group)):
-        st.success(f"Launched {', '.join(ids)}: follow it on the Live / Compare page; its tokens appear here as it runs.")
+        them = "it" if len(ids) == 1 else "them"
+        st.success(f"Launched {', '.join(ids)}: follow {them} on the Live / Compare page; "
+                   "its tokens appear here as it runs.")
+        return ids
+    return []

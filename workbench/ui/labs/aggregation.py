@@ -31,9 +31,11 @@ def _analytic() -> None:
     summary = table.groupby(["mode", "seq"], sort=False).agg(length=("length", "first"), loss=("loss", "first"),
                                                              weight=("weight", "first"), grad_wrt_ratio=("grad_wrt_ratio", "first"))
     st.dataframe(summary.reset_index(), hide_index=True, key="agg_table")
-    st.caption("Weights by autograd through workbench.core.aggregate_loss. The book prints token-mean's line without "
-               "the advantage (0.0909 = the weight 1/11); with A = 2 it is 0.1818. seq-mean-token-mean gives short "
-               "sequences' tokens more weight (1/n_i): the length bias Dr. GRPO removes.")
+    st.caption("Weights by autograd through workbench.core.aggregate_loss, for every mode it registers. The book "
+               "prints token-mean's line without the advantage (0.0909 = the weight 1/11); with A = 2 it is 0.1818. "
+               "seq-mean-token-mean gives short sequences' tokens more weight (1/n_i): the length bias Dr. GRPO "
+               "removes. Dr. GRPO's normaliser: seq-mean-token-sum-norm divides by B x L_max (TRL dr_grpo, verl "
+               ">= 0.9); token-sum-norm by L_max only (verl < 0.9's seq-mean-token-sum-norm), a step B times larger.")
 
 
 def _empirical() -> None:

@@ -1,21 +1,44 @@
-"""Estimator walkthroughs: one page per algorithm (GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO with
-GAE, GSPO, CISPO). Each shows the equations, the project's own implementation
-(``inspect.getsource``), editable inputs with the advantages of *all* estimators side by side,
-the known biases as worked examples, and a button launching a short run with these settings.
+"""Walkthroughs. Two templates, both driven by data, none a page module per algorithm:
+
+- per preset (GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO with GAE, GSPO, CISPO): the equations, the
+  project's own implementation (``inspect.getsource``), editable inputs with the advantages of
+  *all* estimators side by side, the known biases as worked examples, and a launch button;
+- per registry name (``render_component``): every advantage estimator and policy loss registered
+  in ``workbench.core`` gets its page from its ``explanations`` entry (equations, what it fixes,
+  framework names, notes) or, for a name registered later without one, from its docstring and
+  the ``cfg.<field>`` its source reads; its knobs as widgets, and a worked example computed by
+  the registered function itself on a small editable batch.
+
 Layout and widgets only; numbers from ``workbench.viz.lab_estimators`` (i.e. workbench.core).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import streamlit as st
 
-from workbench.core import LOSS_AGGREGATIONS, PolicyLossConfig, advantages as core_adv, policy_losses as core_pl
-from workbench.recipe import load_recipe
+from workbench.core import (
+    ADVANTAGE_ESTIMATORS,
+    BASELINE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    GRPO_SCALES,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    AdvantageConfig,
+    PolicyLossConfig,
+    advantages as core_adv,
+    policy_losses as core_pl,
+)
+from workbench.core.choices import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS
+from workbench.recipe import Algorithm, Sampling, load_recipe
 from workbench.ui.labs._shared import launch_button
+from workbench.ui.labs.explanations import EXPLANATIONS, Explanation, page_title, page_url
 from workbench.viz import lab_estimators as viz
+from workbench.viz import lab_regions
 
 
 @dataclass(frozen=True)
@@ -83,7 +106,10 @@ def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
     except ValueError as err:
         st.error(str(err))
         return [], False
-    st.dataframe(table, hide_index=True, key=f"{w.key}_adv_table")
+    # the format of a run's Samples table (compare page), so the same rewards read the same there
+    advantage = st.column_config.NumberColumn(format="%+.3f")
+    st.dataframe(table, hide_index=True, key=f"{w.key}_adv_table",
+                 column_config={v.label: advantage for v in viz.SEQUENCE_VARIANTS})
     st.plotly_chart(viz.advantages_figure(table), key=f"{w.key}_adv_fig")
     # G = 1 is the recipe's to refuse (group estimators need a baseline; PPO with GAE does not)
     return [f"sampling.num_generations={int(G)}", f"algorithm.adv_eps={eps}"], True
@@ -143,16 +169,29 @@ def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
 INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_block}
 
 
+def preset_biases(preset: str) -> tuple[str, ...]:
+    """The known biases a preset's own settings have: 'std' (group-std advantages), 'length'
+    (seq-mean-token-mean), read from the recipe rather than listed per page."""
+    a = load_recipe(preset).algorithm
+    has = {"std": a.advantage == "grpo" and a.grpo_scale != "none", "length": a.aggregation == "seq-mean-token-mean"}
+    return tuple(b for b, on in has.items() if on)
+
+
 def _biases(w: Walkthrough) -> None:
     st.subheader("Known biases, worked")
-    if "std" in w.biases or not w.biases:
+    biases = w.biases or preset_biases(w.preset)
+    if not biases:
+        a = load_recipe(w.preset).algorithm
+        st.caption(f"Neither known bias applies to the {w.preset} preset: advantage={a.advantage} (no group std), "
+                   f"aggregation={a.aggregation} (no per-sequence length normalisation).")
+    if "std" in biases:
         st.markdown("**Std normalisation rescales each group by its own spread.** In a group of 4, the rare answer, "
                     "right or wrong, gets |A| = 1.5: a lone correct answer 1.5, a correct answer in an almost-all-right "
                     "group only 0.50, against 0.87 in a balanced group. And the std cancels the scale: rewards "
                     "0.1, 0, 0, 0 give the same 1.5 as 1, 0, 0, 0, so a tiny (perhaps noisy) reward difference is "
                     "pushed as hard as a real one. Dr. GRPO keeps the scale (0.075 against 0.75):")
         st.dataframe(viz.std_bias_example(), hide_index=True, key=f"{w.key}_std_bias")
-    if "length" in w.biases or not w.biases:
+    if "length" in biases:
         st.markdown("**Length bias of per-sequence averaging.** A correct 4-token answer (+A) and a wrong 7-token answer "
                     "(-A): under seq-mean-token-mean each token of the long wrong answer is pushed down less, so long wrong "
                     "answers are penalised less and lengths grow:")
@@ -192,3 +231,186 @@ def _page(key: str) -> Callable[[], None]:
 
 PAGES: list[tuple[Callable[[], None], str, str]] = [(_page(k), f"Walkthrough: {w.title}", f"walkthrough-{k.replace('_', '-')}")
                                                     for k, w in WALKTHROUGHS.items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# one walkthrough per registry name
+
+REGISTRIES: dict[str, tuple[Any, type]] = {"advantage": (ADVANTAGE_ESTIMATORS, AdvantageConfig),
+                                           "policy_loss": (POLICY_LOSSES, PolicyLossConfig)}
+# string knobs and their allowed values (selectboxes)
+KNOB_CHOICES: dict[str, tuple[str, ...]] = {"scale": GRPO_SCALES, "gspo_variant": GSPO_VARIANTS,
+                                            "cispo_bounds": CISPO_BOUNDS, "reinforce_form": REINFORCE_FORMS}
+# AdvantageConfig field -> the recipe key that sets it (PolicyLossConfig fields are algorithm.<same name>)
+ADVANTAGE_RECIPE_KEYS: dict[str, str] = {"group_size": "sampling.num_generations", "scale": "algorithm.grpo_scale",
+                                         "eps": "algorithm.adv_eps", "gamma": "algorithm.gamma", "lam": "algorithm.lam",
+                                         "kl_coef": "algorithm.kl_coef", "whiten": "algorithm.whiten_advantages"}
+# knobs the worked example does not offer as widgets: G has its own input; an in-reward KL needs a
+# KL per token, which the example has no policy for (the table lists them all the same)
+EXAMPLE_FIXED = frozenset({"group_size", "kl_coef"})
+
+
+def recipe_key(family: str, knob: str) -> str:
+    return ADVANTAGE_RECIPE_KEYS.get(knob, f"algorithm.{knob}") if family == "advantage" else f"algorithm.{knob}"
+
+
+def knob_meaning(key: str) -> str:
+    """The recipe's own description of a recipe key ('' for a key the recipe does not have)."""
+    section, _, name = key.partition(".")
+    model = {"algorithm": Algorithm, "sampling": Sampling}.get(section)
+    info = model.model_fields.get(name) if model else None
+    return (info.description or "") if info else ""
+
+
+def explanation(family: str, name: str) -> Explanation:
+    """The name's explanation entry, or one made from its registered function: the docstring's
+    first paragraph as what it does, the config fields its source reads as its knobs."""
+    registry, config_class = REGISTRIES[family]
+    fn = registry.get(name)  # UnknownNameError listing the registered names
+    if name in EXPLANATIONS[family]:
+        return EXPLANATIONS[family][name]
+    doc = inspect.getdoc(fn) or "(no docstring)"
+    return Explanation(name, (), doc.split("\n\n")[0], "", viz.knobs_read(fn, config_class))
+
+
+def knobs_table(family: str, e: Explanation) -> list[dict]:
+    defaults = {f.name: f.default for f in dataclasses.fields(REGISTRIES[family][1])}
+    return [{"knob": k, "recipe key": recipe_key(family, k), "default": str(defaults[k]),
+             "what it does": knob_meaning(recipe_key(family, k))} for k in e.knobs]
+
+
+def _parse_optional(text: str, kind: type, label: str):
+    text = text.strip()
+    if text.lower() in ("", "none", "null"):
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{label}={text!r}: expected a number or empty (none)") from None
+
+
+def _knob_widgets(family: str, name: str, e: Explanation) -> dict[str, Any]:
+    """One widget per knob (type from the config field), defaults the config's. -> {field: value};
+    ValueError naming the knob for a value that does not parse."""
+    fields = {f.name: f for f in dataclasses.fields(REGISTRIES[family][1])}
+    knobs = [k for k in e.knobs if k not in EXAMPLE_FIXED]
+    values: dict[str, Any] = {}
+    for col, knob in zip(st.columns(max(len(knobs), 1)), knobs):
+        f, key = fields[knob], f"wt_{name}_{knob}"
+        if knob in KNOB_CHOICES:
+            values[knob] = col.selectbox(knob, KNOB_CHOICES[knob], index=KNOB_CHOICES[knob].index(f.default), key=key)
+        elif isinstance(f.default, bool):
+            values[knob] = col.checkbox(knob, value=f.default, key=key)
+        elif f.default is None:
+            kind = int if "int" in str(f.type) else float
+            values[knob] = _parse_optional(col.text_input(knob, "", key=key, placeholder="none"), kind, knob)
+        else:
+            values[knob] = col.number_input(knob, value=float(f.default), format="%g", key=key)
+    return values
+
+
+def _advantage_example(name: str, knobs: dict[str, Any]) -> list[str]:
+    """Editable batch -> the estimator's advantages per token. Returns recipe overrides."""
+    c1, c2, c3 = st.columns([3, 3, 1])
+    rtext = c1.text_input("Rewards (groups of G contiguous completions)", "1, 0, 0, 0, 1, 1, 1, 0", key=f"wt_{name}_rewards")
+    ltext = c2.text_input("Completion lengths (tokens)", "2, 4, 3, 1, 2, 2, 4, 3", key=f"wt_{name}_lengths")
+    G = int(c3.number_input("G", 1, 64, 4, key=f"wt_{name}_G"))
+    extra = {}
+    if name in CRITIC_ESTIMATORS:
+        extra["values"] = st.text_input("Critic value V on every token of each completion", "0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5",
+                                        key=f"wt_{name}_values")
+    if name in BASELINE_ESTIMATORS:
+        extra["baselines"] = st.text_input("Baseline reward of each completion (ReMax: its prompt's greedy completion, "
+                                           "repeated over the group)", "0, 0, 0, 0, 1, 1, 1, 1", key=f"wt_{name}_baselines")
+    rewards = viz.parse_numbers(rtext, "rewards")
+    lengths = viz.parse_numbers(ltext, "lengths")
+    given = {k: viz.parse_numbers(v, k) for k, v in extra.items()}
+    cfg = AdvantageConfig(group_size=G, **knobs)
+    table = viz.advantage_example(name, rewards, lengths, cfg, **given)
+    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    st.caption(f"`compute_advantages({name!r}, rewards, mask, {cfg})` on these completions (A_t: advantage of token "
+               "t, R_t: returns where they differ; empty cells are padding). The in-reward KL is off here.")
+    return [f"sampling.num_generations={G}"]
+
+
+def _policy_loss_example(name: str, e: Explanation, knobs: dict[str, Any]) -> list[str]:
+    """Editable log-ratios -> the loss, region and gradient of every token. Returns recipe overrides."""
+    c1, c2 = st.columns([3, 1])
+    text = c1.text_area("Per-token log-ratios log(pi / pi_old), one sequence per line", "0.0, 0.1, 0.5\n-0.3, -0.05, 0.2, 1.0",
+                        key=f"wt_{name}_lr")
+    atext = c2.text_input("Advantage of each sequence", "1, -1", key=f"wt_{name}_adv")
+    seqs = [viz.parse_numbers(line, f"log-ratios line {i}") for i, line in enumerate(text.strip().splitlines(), 1) if line.strip()]
+    if not seqs:
+        raise ValueError("log-ratios is empty: give one line of comma-separated numbers per sequence")
+    cfg = PolicyLossConfig(**knobs)
+    table, metrics = viz.policy_loss_example(name, seqs, viz.parse_numbers(atext, "advantages"), cfg)
+    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    st.dataframe([{"metric": k, "value": v} for k, v in metrics.items()], hide_index=True, key=f"wt_{name}_metrics")
+    st.caption(f"`compute_policy_loss({name!r}, logp, old_logp, A, mask, cfg)`, every pi_old = {viz.EXAMPLE_OLD_PROB}; "
+               "the gradient by autograd, per token, before aggregation.")
+    if e.ratio_curve:
+        adv = float(max(abs(a) for a in viz.parse_numbers(atext, "advantages")) or 1.0)
+        curves = lab_regions.analytic_curves({e.title: (name, cfg)}, advantages=(adv, -adv))
+        st.plotly_chart(lab_regions.analytic_figure(curves), key=f"wt_{name}_curve")
+    return []
+
+
+def _launch_component(family: str, name: str, e: Explanation, knobs: dict[str, Any], overrides: list[str]) -> None:
+    st.subheader("Try it")
+    if e.launch_note:
+        st.caption(e.launch_note)
+        return
+    axis = "advantage" if family == "advantage" else "policy_loss"
+    base = e.preset or "grpo"
+    sets = [f"algorithm.{axis}={name}", *overrides,
+            *[f"{recipe_key(family, k)}={'null' if v is None else v}" for k, v in knobs.items()], "train.steps=20"]
+    try:
+        recipe = load_recipe(base, sets)
+    except ValueError as err:
+        st.error(str(err))
+        return
+    launch_button([recipe], key=f"wt_{name}_launch",
+                  label=f"Launch a 20-step run: the {base} preset with {axis}={name} and these knobs")
+
+
+def render_component(family: str, name: str) -> None:
+    """The walkthrough of registry ``family`` ('advantage' or 'policy_loss') entry ``name``."""
+    registry, _ = REGISTRIES[family]
+    e = explanation(family, name)
+    st.title(page_title(family, name))
+    st.caption(f"`{name}`, registered in workbench.core's {registry.family} registry"
+               + (f"; trained by the `{e.preset}` preset." if e.preset else "."))
+    for eq in e.equations:
+        st.latex(eq)
+    st.markdown(f"**What it fixes.** {e.fixes}")
+    if e.names:
+        st.markdown(f"**In the frameworks.** {e.names}")
+    if e.knobs:
+        st.dataframe(knobs_table(family, e), hide_index=True, key=f"wt_{name}_knobs")
+    if e.notes:
+        st.markdown("**Known biases and notes**\n" + "\n".join(f"- {n}" for n in e.notes))
+    with st.expander("The implementation the engine trains with (inspect.getsource)"):
+        st.code(viz.source_of(registry.get(name)), language="python")
+    st.subheader("Worked example, computed by the registered function")
+    try:
+        knobs = _knob_widgets(family, name, e)
+        overrides = _advantage_example(name, knobs) if family == "advantage" else _policy_loss_example(name, e, knobs)
+    except ValueError as err:  # the inputs' own checks and the configs' (they name the field)
+        st.error(str(err))
+        st.caption("Fix the inputs above to launch a run with them.")
+        return
+    _launch_component(family, name, e, knobs, overrides)
+
+
+def component_pages() -> list[tuple[Callable[[], None], str, str]]:
+    """(render, title, url path) of every name registered now, in registry order (a name
+    registered after import, e.g. by a test, is included)."""
+    def page(family: str, name: str) -> Callable[[], None]:
+        def render() -> None:
+            render_component(family, name)
+
+        render.__name__ = f"render_{family}_{name}"
+        return render
+
+    return [(page(family, name), page_title(family, name), page_url(family, name))
+            for family, (registry, _) in REGISTRIES.items() for name in registry.names()]

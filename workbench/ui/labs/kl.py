@@ -23,16 +23,19 @@ def render() -> None:
     trials = c3.slider("Monte Carlo trials per n", 10, 1000, 200, 10, key="kl_trials")
     seed = c4.number_input("seed", 0, 10_000, 0, key="kl_seed")
     try:
-        pi = viz.categorical(parse_numbers(p_text, "pi"), "pi")
-        ref = viz.categorical(parse_numbers(q_text, "ref"), "ref")
+        p_raw, q_raw = parse_numbers(p_text, "pi"), parse_numbers(q_text, "ref")
+        pi, ref = viz.categorical(p_raw, "pi"), viz.categorical(q_raw, "ref")
         if len(pi) != len(ref):
             raise ValueError(f"pi has {len(pi)} outcomes but ref has {len(ref)}: give both the same support")
     except ValueError as err:
         st.error(str(err))
         return
+    for note in filter(None, (viz.normalisation_note(p_raw, "pi"), viz.normalisation_note(q_raw, "ref"))):
+        st.info(note, icon=":material/info:")
     kl = viz.true_kl(pi, ref)
     st.metric("true KL(pi || ref)", f"{kl:.5f}")
-    st.dataframe(viz.estimator_moments(pi, ref), hide_index=True, key="kl_moments")
+    st.dataframe(viz.estimator_moments(pi, ref), hide_index=True, key="kl_moments", column_config={
+        c: st.column_config.NumberColumn(format="%.4g") for c in ("true KL", "mean", "bias", "variance")})
     exact = viz.bias_variance_vs_samples(pi, ref, SAMPLE_COUNTS)
     mc = viz.monte_carlo(pi, ref, SAMPLE_COUNTS, trials=int(trials), seed=int(seed))
     st.plotly_chart(viz.kl_figure(exact, kl, mc), key="kl_fig")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.recipe import load_recipe
-from workbench.ui.labs._shared import launch_button, open_store, pick_runs
+from workbench.ui.labs._shared import launch_button, open_store, pick_runs, run_recipe
 from workbench.viz import lab_lens as viz
 
 POINTS = {"before": "before the step (ratio 1: estimators differ)", "after": "after the step (ratio moved: losses differ)"}
@@ -23,14 +23,18 @@ def render() -> None:
     with st.expander("Launch a short run with the lens on"):
         st.caption("GRPO, 20 steps, lens every 2 steps. Each lens evaluation costs about 9 training steps on the tiny "
                    "CPU model (bench/lens_bench.py measured 8.75x), so the lens is off by default.")
-        launch_button([load_recipe("grpo", ["train.steps=20", "train.mu=2", "logging.lens_every=2"])], key="lens_launch",
-                      label="Launch GRPO with the lens")
+        launched = launch_button([load_recipe("grpo", ["train.steps=20", "train.mu=2", "logging.lens_every=2"])],
+                                 key="lens_launch", label="Launch GRPO with the lens")
+    if launched:  # show the run just launched, not the one selected before (it has no lens events)
+        st.session_state["lens_run"] = launched[0]
     run_ids = pick_runs(store, key="lens_run", label="Run", multi=False)
     if not run_ids:
         return
     frame = viz.lens_frame(store.lens(run_ids[0]))
     if not len(frame):
-        st.info("This run has no lens events: launch it with logging.lens_every > 0.")
+        lens_every = (run_recipe(store, run_ids[0]) or load_recipe("grpo")).logging.lens_every
+        st.info("No lens events yet: they appear every logging.lens_every steps while it runs." if lens_every
+                else "This run has no lens events: launch it with logging.lens_every > 0.")
         return
     c1, c2, c3 = st.columns(3)
     metric = c1.selectbox("Metric", list(viz.LENS_METRICS), format_func=viz.LENS_METRICS.get, key="lens_metric")

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench.core import PolicyLossConfig
+from workbench.core import POLICY_LOSSES, PolicyLossConfig
 from workbench.recipe import load_recipe
 from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
+from workbench.ui.labs.explanations import POLICY_LOSS_EXPLANATIONS, title_of
 from workbench.viz import lab_regions as viz
+
+DEFAULT_CURVES = ("clip", "gspo", "cispo", "sapo", "gmpo")
+
+
+def ratio_curve_losses() -> list[str]:
+    """Registered policy losses flagged ``ratio_curve`` in their explanation, in registry order."""
+    return [n for n in POLICY_LOSSES.names() if (e := POLICY_LOSS_EXPLANATIONS.get(n)) is not None and e.ratio_curve]
 
 
 def _analytic() -> None:
@@ -24,17 +32,37 @@ def _analytic() -> None:
     gspo_low = g1.number_input("GSPO eps_low", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_low", help=gspo_help)
     gspo_high = g2.number_input("GSPO eps_high", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_high", help=gspo_help)
     cispo_high = g3.slider("CISPO eps_high (weight cap 1 + eps_high)", 0.0, 4.0, 0.28, 0.01, key="ppo_cispo_high")
+    s1, s2, s3 = st.columns(3)
+    tau_pos = s1.slider("SAPO tau_pos (A > 0)", 0.1, 10.0, 1.0, 0.05, key="ppo_sapo_pos", help="TRL / verl default 1.0")
+    tau_neg = s2.slider("SAPO tau_neg (A < 0)", 0.1, 10.0, 1.05, 0.05, key="ppo_sapo_neg", help="TRL / verl default 1.05")
+    gmpo_eps = s3.slider("GMPO eps (on the log-ratio)", 0.0, 1.0, 0.4, 0.01, key="ppo_gmpo_eps",
+                         help="The GMPO paper's 0.4: the ratio stays in [e^-0.4, e^0.4]")
     try:  # the config checks its own fields (clip_c > 1 + eps_high) and names them
         cfg = PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, clip_c=c if use_c else None)
     except ValueError as err:
         st.error(str(err))
         return
-    curves = viz.analytic_curves(cfg, gspo=PolicyLossConfig(eps_low=gspo_low, eps_high=gspo_high),
-                                 cispo=PolicyLossConfig(eps_low=1.0, eps_high=cispo_high), advantages=(adv, -adv))
+    # each loss's own settings on this page; any other loss with a ratio curve uses the clip's
+    own = {"gspo": PolicyLossConfig(eps_low=gspo_low, eps_high=gspo_high),
+           "cispo": PolicyLossConfig(eps_low=1.0, eps_high=cispo_high),
+           "sapo": PolicyLossConfig(sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg),
+           "gmpo": PolicyLossConfig(eps_low=gmpo_eps, eps_high=gmpo_eps)}
+    names = ratio_curve_losses()
+    chosen = st.multiselect("Policy losses (every registered loss whose token loss is a function of its ratio)", names,
+                            default=[n for n in DEFAULT_CURVES if n in names], format_func=lambda n: title_of("policy_loss", n),
+                            key="ppo_losses")
+    if not chosen:
+        st.info("Pick at least one policy loss to draw.")
+        return
+    curves = viz.analytic_curves({title_of("policy_loss", n): (n, own.get(n, cfg)) for n in chosen}, advantages=(adv, -adv))
     st.plotly_chart(viz.analytic_figure(curves, cfg), key="ppo_analytic")
     st.caption("Curves are `workbench.core.compute_policy_loss` on a grid of ratios; gradients by autograd, per unit "
-               "of log-probability (dJ/dlog pi = R A inside the trust region). GSPO's x-axis is the sequence ratio s; "
-               "CISPO's surrogate value is sg(w) A log R, and only its gradient w A (never zero) matters.")
+               "of log-probability (dJ/dlog pi = R A inside the trust region). The shading is PPO clip's. GSPO's and "
+               "GMPO's x-axis is the sequence ratio (one-token sequences); CISPO's surrogate value is sg(w) A log R, and "
+               "only its gradient w A (never zero) matters. SAPO's soft gate: the gradient 4 s (1 - s) R A, s = "
+               "sigmoid(tau (R - 1)), equals the policy gradient at R = 1 and fades on both sides, never exactly to 0. "
+               "Not drawn: losses whose token loss depends on more than its ratio (DPPO on the old probability, "
+               "Clip-Cov / KL-Cov on the batch's covariance).")
     st.dataframe(viz.book_regions_table(), hide_index=True, key="ppo_book_table")
 
 

@@ -1,0 +1,366 @@
+"""SAPO, GMPO, DPPO (TV / KL), Clip-Cov, KL-Cov and GPG: hand-derived values from each paper's
+equation, and the anchors' own formulas (verl core_algos.py, TRL grpo_trainer.py) transcribed
+below as *reference implementations* and compared on random inputs."""
+
+import math
+
+import pytest
+import torch
+
+from tests.helpers import assert_values
+from workbench.core import REGION_NAMES, PolicyLossConfig, aggregate_loss, compute_policy_loss
+
+
+def run(name, log_ratio, adv, mask=None, old=None, **cfg):
+    """Loss and d loss / d logp with logp = old + log_ratio (old = 0 unless given)."""
+    log_ratio = torch.as_tensor(log_ratio, dtype=torch.float64)
+    adv = torch.as_tensor(adv, dtype=torch.float64)
+    old = torch.zeros_like(log_ratio) if old is None else torch.as_tensor(old, dtype=torch.float64)
+    mask = torch.ones_like(log_ratio) if mask is None else mask
+    logp = (old + log_ratio).clone().requires_grad_(True)
+    loss, diag = compute_policy_loss(name, logp, old, adv, mask, PolicyLossConfig(**cfg))
+    loss.sum().backward()
+    return loss.detach(), logp.grad, diag
+
+
+def random_batch(seed, B=6, T=7, holes=True):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    logp = old + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).clone()
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).double()
+    if holes:
+        mask[0, 0] = 0.0
+    return logp, old, adv, mask
+
+
+# ---- SAPO ------------------------------------------------------------------------------------
+
+
+def test_sapo_hand_values_and_gate_derivative():
+    # A = +2, rho = 1.5, tau_pos = 1: f = sigmoid(0.5) * 4 = 0.6224593312 * 4; loss = -f A = -4.9796746
+    # A = -1, rho = 0.5, tau_neg = 2: f = sigmoid(-1) * 4 / 2 = 0.2689414214 * 2; loss = -f A = +0.5378828
+    loss, grad, diag = run("sapo", [[math.log(1.5), math.log(0.5)]], [[2.0, -1.0]], sapo_tau_pos=1.0, sapo_tau_neg=2.0)
+    assert_values(loss, [[-4.979674649, 0.537882843]], atol=1e-8)
+    # d loss / d logp = -A 4 s (1 - s) rho: s = 0.6224593312: -2 * 4 * 0.2350037122 * 1.5 = -2.8200445
+    # s = 0.2689414214: +1 * 4 * 0.1966119332 * 0.5 = 0.3932238664
+    assert_values(grad, [[-2.820044546, 0.393223866]], atol=1e-8)
+    assert [REGION_NAMES[c] for c in diag.region[0].tolist()] == ["trust", "trust"]
+    assert not diag.zero_grad.any()  # a smooth gate never zeroes a gradient
+
+
+def test_sapo_on_policy_gradient_is_the_policy_gradient_for_any_temperature():
+    # at rho = 1: 4 s (1 - s) = 4 * 1/4 = 1, so d loss / d logp = -A whatever tau
+    adv = [[1.5, -0.5, 2.0]]
+    for tau in (0.5, 1.0, 7.0):
+        _, grad, _ = run("sapo", [[0.0, 0.0, 0.0]], adv, sapo_tau_pos=tau, sapo_tau_neg=tau + 1)
+        assert_values(grad, [[-1.5, 0.5, -2.0]], atol=1e-12)
+
+
+def test_sapo_gate_decays_faster_with_higher_temperature():
+    # |grad| at rho = 2 for A = 1: 4 s(1-s) * 2 with s = sigmoid(tau): tau 1 -> 1.5729, tau 4 -> 0.1413
+    grads = [abs(run("sapo", [[math.log(2.0)]], [[1.0]], sapo_tau_pos=tau)[1].item()) for tau in (1.0, 4.0)]
+    assert grads == pytest.approx([8 * 0.7310585786 * 0.2689414214, 8 * 0.9820137900 * 0.0179862100], rel=1e-8)
+
+
+def trl_sapo(coef_1, advantages, tau_pos, tau_neg):
+    # TRL trl/trainer/grpo_trainer.py, _compute_loss, loss_type == "sapo" (f2cd577):
+    temperatures = torch.where(advantages > 0, tau_pos, tau_neg)
+    soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+    return -soft_coef_1 * advantages
+
+
+def verl_sapo(ratio, advantages, tau_pos, tau_neg):
+    # verl verl/trainer/ppo/core_algos.py, compute_policy_loss_sapo (b178a3c):
+    def gate_function(x, tau):
+        return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)
+
+    taus = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=advantages.dtype),
+                       torch.as_tensor(tau_neg, dtype=advantages.dtype))
+    return -gate_function(ratio, taus) * advantages
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sapo_matches_trl_and_verl(seed):
+    logp, old, adv, mask = random_batch(seed)
+    ours, _ = compute_policy_loss("sapo", logp, old, adv, mask, PolicyLossConfig(sapo_tau_pos=1.0, sapo_tau_neg=1.05))
+    ratio = torch.exp(logp - old)
+    torch.testing.assert_close(ours, verl_sapo(ratio, adv, 1.0, 1.05) * mask, atol=1e-12, rtol=1e-12)
+    # TRL's torch.where over two Python floats makes float32 temperatures (1.05 -> 1.0499999523), so in
+    # float64 it differs from the exact formula by ~1e-7 relative; in float32 training they coincide.
+    torch.testing.assert_close(ours, trl_sapo(ratio, adv, 1.0, 1.05) * mask, atol=1e-6, rtol=1e-6)
+    ours32, _ = compute_policy_loss("sapo", logp.float(), old.float(), adv.float(), mask.float(), PolicyLossConfig())
+    torch.testing.assert_close(ours32, trl_sapo(ratio.float(), adv.float(), 1.0, 1.05) * mask.float(), atol=1e-6, rtol=1e-6)
+
+
+# ---- GMPO ------------------------------------------------------------------------------------
+
+
+def test_gmpo_hand_values_and_gradients():
+    # A = +1, l = [0.5, -0.1], eps 0.4: A > 0 clips only above: l~ = [0.4, -0.1], mean 0.15, loss -e^0.15
+    # A = -1, l = [0.5, -0.6]: A < 0 clips only below: l~ = [0.5, -0.4], mean 0.05, loss +e^0.05
+    log_ratio = torch.tensor([[0.5, -0.1], [0.5, -0.6]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    logp = log_ratio.clone().requires_grad_(True)
+    loss, diag = compute_policy_loss("gmpo", logp, torch.zeros_like(logp), adv, torch.ones_like(logp),
+                                     PolicyLossConfig(eps_low=0.4, eps_high=0.4))
+    e1, e2 = math.exp(0.15), math.exp(0.05)
+    assert_values(loss, [[-e1, -e1], [e2, e2]], atol=1e-12)  # the sequence loss on each of its tokens
+    total = aggregate_loss("seq-mean-token-mean", loss, torch.ones_like(loss))  # = mean_i loss_i
+    assert total.item() == pytest.approx((-e1 + e2) / 2, abs=1e-12)
+    (grad,) = torch.autograd.grad(total, logp)
+    # d/dl_t of -A exp(mean l~) / B: clipped tokens 0, the others -A e^{mean} / (n_i B)
+    assert_values(grad, [[0.0, -e1 / 4], [e2 / 4, 0.0]], atol=1e-12)
+    assert diag.zero_grad.tolist() == [[True, False], [False, True]]
+    assert [[REGION_NAMES[c] for c in row] for row in diag.region.tolist()] == [
+        ["clipped_high", "trust"], ["trust", "clipped_low"]]
+    assert diag.metrics["clip_ratio/high_mean"].item() == pytest.approx(0.25)  # verl's pg_clipfrac
+    assert diag.metrics["clip_ratio/low_mean"].item() == pytest.approx(0.25)  # verl's pg_clipfrac_lower
+
+
+def verl_geo_mean(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high):
+    # verl verl/trainer/ppo/core_algos.py, compute_policy_loss_geo_mean (b178a3c):
+    negative_approx_kl = log_prob - old_log_prob
+    sgn_advantage = torch.sign(advantages)
+    negative_approx_kl_clamp = torch.clamp(negative_approx_kl, -cliprange_low, cliprange_high)
+    negative_approx_kl_min = torch.min(sgn_advantage * negative_approx_kl, sgn_advantage * negative_approx_kl_clamp)
+    negative_approx_kl_min = sgn_advantage * negative_approx_kl_min
+    response_mask_sum = response_mask.sum(dim=-1)
+    ratio = torch.exp((negative_approx_kl_min * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8))
+    advantage = (advantages * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8)
+    pg_losses = -advantage * ratio
+    return torch.mean(pg_losses)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gmpo_matches_verl_geo_mean_value_and_gradient(seed):
+    logp, old, adv, mask = random_batch(seed)
+    a = logp.clone().requires_grad_(True)
+    ours, _ = compute_policy_loss("gmpo", a, old, adv, mask, PolicyLossConfig(eps_low=0.3, eps_high=0.4))
+    # verl's torch.mean counts every row, also one whose tokens are all masked: num_seqs = B
+    ours = aggregate_loss("seq-mean-token-mean", ours, mask, num_seqs=mask.shape[0])
+    b = logp.clone().requires_grad_(True)
+    theirs = verl_geo_mean(old, b, adv, mask, 0.3, 0.4)
+    torch.testing.assert_close(ours, theirs, atol=1e-7, rtol=1e-7)  # verl's 1e-8 in n + 1e-8
+    (ga,), (gb,) = torch.autograd.grad(ours, a), torch.autograd.grad(theirs, b)
+    torch.testing.assert_close(ga * mask, gb * mask, atol=1e-7, rtol=1e-7)
+
+
+# ---- DPPO ------------------------------------------------------------------------------------
+
+
+def test_dppo_tv_masks_tokens_whose_probability_moved_too_far():
+    # p_old = 0.5 everywhere; eps 0.15. A > 0: p = 0.6 (+0.1, kept), p = 0.7 (+0.2, masked);
+    # A < 0: p = 0.4 (-0.1, kept), p = 0.3 (-0.2, masked); A < 0 with p = 0.9 (kept: TV bounds only the fall)
+    p = torch.tensor([[0.6, 0.7, 0.4, 0.3, 0.9]], dtype=torch.float64)
+    old = torch.full_like(p, math.log(0.5))
+    adv = [[1.0, 1.0, -1.0, -1.0, -1.0]]
+    loss, grad, diag = run("dppo_tv", p.log() - old, adv, old=old, eps_low=0.15, eps_high=0.15)
+    rho = p / 0.5  # loss = -A sg(min(rho, 20)) logp on kept tokens; d/dlogp = -A rho
+    assert_values(loss, [[-1.2 * math.log(0.6), 0.0, 0.8 * math.log(0.4), 0.0, 1.8 * math.log(0.9)]], atol=1e-12)
+    assert_values(grad, [[-1.2, 0.0, 0.8, 0.0, 1.8]], atol=1e-12)
+    assert [REGION_NAMES[c] for c in diag.region[0].tolist()] == ["trust", "clipped_high", "trust", "clipped_low", "trust"]
+    assert diag.metrics["dppo/masked_mean"].item() == pytest.approx(2 / 5)
+    assert rho.max() < 20
+
+
+def test_dppo_kl_uses_the_binary_kl():
+    # p_old = 0.5, p = 0.7: KL_b = 0.5 log(0.5/0.7) + 0.5 log(0.5/0.3) = 0.0871767 (> 0.05, < 0.1)
+    # p = 0.3 gives the same KL_b by symmetry.
+    kl_b = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
+    assert kl_b == pytest.approx(0.0871766936)
+    p = torch.tensor([[0.7, 0.7, 0.3, 0.3]], dtype=torch.float64)
+    old = torch.full_like(p, math.log(0.5))
+    # A > 0 and p rose: masked at eps_high 0.05, kept at 0.1; A < 0 and p rose: always kept
+    _, grad, _ = run("dppo_kl", p.log() - old, [[1.0, -1.0, 1.0, -1.0]], old=old, eps_low=0.05, eps_high=0.05)
+    assert_values(grad, [[0.0, 1.4, -0.6, 0.0]], atol=1e-12)  # kept: -A rho
+    _, grad, _ = run("dppo_kl", p.log() - old, [[1.0, -1.0, 1.0, -1.0]], old=old, eps_low=0.1, eps_high=0.1)
+    assert_values(grad, [[-1.4, 1.4, -0.6, 0.6]], atol=1e-12)
+
+
+def test_dppo_truncates_the_ratio_at_clip_c():
+    # rho = e^3 = 20.09 > 20: the detached weight is 20 (default); with clip_c = 5 it is 5. p = 0.05 e^3 ~ 1.004 > 1
+    # would not be a probability, so take p_old = 0.01, p = 0.2009 (TV +0.19 <= eps 0.5: kept)
+    old = torch.tensor([[math.log(0.01)]], dtype=torch.float64)
+    for cfg, weight in (({}, 20.0), ({"clip_c": 5.0}, 5.0)):
+        _, grad, diag = run("dppo_tv", [[3.0]], [[1.0]], old=old, eps_low=0.5, eps_high=0.5, **cfg)
+        assert grad.item() == pytest.approx(-weight)
+        assert diag.metrics["dppo/truncated_mean"].item() == 1.0
+
+
+def verl_dppo(old_log_prob, log_prob, advantages, clip_low, clip_high, kind, clip_ratio_c=20.0):
+    # verl verl/trainer/ppo/core_algos.py, compute_policy_loss_dppo_tv / _dppo_kl (arXiv 2602.04879;
+    # not in the b178a3c mirror: transcribed from verl's code as carried after Feb 2026):
+    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(negative_approx_kl)
+    truncated_ratio = torch.clamp(ratio, max=clip_ratio_c).detach()
+    prob = torch.exp(log_prob)
+    old_prob = torch.exp(old_log_prob)
+    if kind == "tv":
+        valid_positive_mask = (prob - old_prob) <= clip_high
+        valid_negative_mask = (prob - old_prob) >= -clip_low
+    else:
+        binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+        )
+        valid_positive_mask = (binary_kl <= clip_high) | (prob <= old_prob)
+        valid_negative_mask = (binary_kl <= clip_low) | (prob >= old_prob)
+    valid_mask = torch.where(advantages > 0, valid_positive_mask, valid_negative_mask).detach().float()
+    return -advantages * truncated_ratio * log_prob * valid_mask
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+def test_dppo_matches_verl(seed, kind):
+    logp, old, adv, mask = random_batch(seed)
+    eps = (0.15, 0.1) if kind == "tv" else (0.05, 0.03)
+    a = logp.clone().requires_grad_(True)
+    ours, _ = compute_policy_loss(f"dppo_{kind}", a, old, adv, mask, PolicyLossConfig(eps_low=eps[0], eps_high=eps[1]))
+    b = logp.clone().requires_grad_(True)
+    theirs = verl_dppo(old, b, adv, eps[0], eps[1], kind) * mask
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    (ga,), (gb,) = torch.autograd.grad(ours.sum(), a), torch.autograd.grad(theirs.sum(), b)
+    torch.testing.assert_close(ga, gb, atol=1e-12, rtol=1e-12)
+
+
+# ---- Clip-Cov / KL-Cov ------------------------------------------------------------------------
+
+
+def test_clip_cov_zeroes_the_drawn_in_band_token():
+    # A = [1, -1, 1, -1], logp = [-1, -1, -3, -3] at ratio 1: mean A = 0, mean logp = -2,
+    # Cov = A (logp + 2) = [1, -1, -1, 1]. Band (0.5, 2): tokens 0 and 3; k = max(1, floor(0.25 * 4)) = 1.
+    logp = torch.tensor([[-1.0, -1.0, -3.0, -3.0]], dtype=torch.float64)
+    adv = [[1.0, -1.0, 1.0, -1.0]]
+    drawn = set()
+    for seed in range(20):
+        loss, grad, diag = run("clip_cov", [[0.0] * 4], adv, old=logp, clip_cov_ratio=0.25, clip_cov_lb=0.5,
+                               clip_cov_ub=2.0, cov_seed=seed)
+        zero = [i for i in range(4) if loss[0, i] == 0]
+        assert len(zero) == 1 and zero[0] in (0, 3)  # one token, from the band
+        drawn.add(zero[0])
+        assert grad[0, zero[0]] == 0 and diag.zero_grad[0, zero[0]]
+        others = [i for i in range(4) if i != zero[0]]
+        assert grad[0, others].tolist() == [-a for a in [adv[0][i] for i in others]]  # -A at ratio 1
+        assert diag.metrics["clip_cov/selected_mean"].item() == 0.25
+    assert drawn == {0, 3}  # the draw is random among the band
+    again = run("clip_cov", [[0.0] * 4], adv, old=logp, clip_cov_ratio=0.25, clip_cov_lb=0.5, clip_cov_ub=2.0, cov_seed=3)
+    assert torch.equal(again[0], run("clip_cov", [[0.0] * 4], adv, old=logp, clip_cov_ratio=0.25, clip_cov_lb=0.5,
+                                     clip_cov_ub=2.0, cov_seed=3)[0])  # a seed repeats its draw
+
+
+def verl_clip_cov(old_log_prob, log_prob, advantages, response_mask, cliprange_low, cliprange_high,
+                  clip_cov_ratio, clip_cov_lb, clip_cov_ub):
+    # verl verl/trainer/ppo/core_algos.py, compute_policy_loss_clip_cov (b178a3c):
+    def masked_mean(x, m):
+        return (x * m).sum() / m.sum()
+
+    negative_approx_kl = log_prob - old_log_prob
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    corr = torch.ones_like(advantages)
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - cliprange_low, 1 + cliprange_high)
+    clip_by_origin = (pg_losses2 > pg_losses1) & (response_mask > 0)
+    cov_all = (advantages - masked_mean(advantages, response_mask)) * (
+        log_prob - masked_mean(log_prob.detach(), response_mask))
+    cov_all[response_mask == 0] = -torch.inf
+    cov_all[clip_by_origin] = -torch.inf
+    clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
+    top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (response_mask > 0)
+    top_k_idx = torch.nonzero(top_k_idx)
+    if len(top_k_idx) > 0:
+        perm = torch.randperm(len(top_k_idx))
+        top_k_idx = top_k_idx[perm[: min(clip_num, len(top_k_idx))]]
+    else:
+        top_k_idx = torch.empty((0, 2), device=cov_all.device, dtype=torch.long)
+    corr[top_k_idx[:, 0], top_k_idx[:, 1]] = 0
+    return torch.maximum(pg_losses1, pg_losses2) * corr
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_clip_cov_matches_verl_with_the_same_random_draw(seed):
+    logp, old, adv, mask = random_batch(seed, B=8, T=9)
+    cfg = dict(eps_low=0.2, eps_high=0.28, clip_cov_ratio=0.2, clip_cov_lb=-0.3, clip_cov_ub=0.3)
+    torch.manual_seed(1000 + seed)  # cov_seed=None: the global generator, as verl's torch.randperm
+    ours, _ = compute_policy_loss("clip_cov", logp, old, adv, mask, PolicyLossConfig(**cfg))
+    torch.manual_seed(1000 + seed)
+    theirs = verl_clip_cov(old, logp, adv, mask, 0.2, 0.28, 0.2, -0.3, 0.3) * mask
+    assert (ours == 0).sum() > (mask == 0).sum()  # some valid token was drawn
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+
+
+def test_kl_cov_penalises_the_top_covariance_tokens():
+    # A = [2, -1, 1, -2], logp = [-1, -2, -3, -4], ratio e^[0.1, -0.2, 0.3, 0.1] (old = logp - l):
+    # mean A = 0, mean logp = -2.5: Cov = A (logp + 2.5) = [3, 0.5, -0.5, 3]; k = floor(0.5 * 4) = 2 -> tokens 0, 3
+    logp = torch.tensor([[-1.0, -2.0, -3.0, -4.0]], dtype=torch.float64)
+    lr = torch.tensor([[0.1, -0.2, 0.3, 0.1]], dtype=torch.float64)
+    adv = [[2.0, -1.0, 1.0, -2.0]]
+    loss, grad, diag = run("kl_cov", lr, adv, old=logp - lr, kl_cov_ratio=0.5, kl_cov_coef=0.5)
+    r = lr.exp()[0].tolist()
+    # loss = -A rho + 0.5 |l| on tokens 0 and 3; d/dlogp = -A rho + 0.5 sign(l) there
+    assert_values(loss, [[-2 * r[0] + 0.05, r[1], -r[2], 2 * r[3] + 0.05]], atol=1e-12)
+    assert_values(grad, [[-2 * r[0] + 0.5, r[1], -r[2], 2 * r[3] + 0.5]], atol=1e-12)
+    assert diag.metrics["kl_cov/selected_mean"].item() == 0.5
+
+
+def verl_kl_cov(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio, ppo_kl_coef):
+    # verl verl/trainer/ppo/core_algos.py, compute_policy_loss_kl_cov (b178a3c):
+    negative_approx_kl = log_prob - old_log_prob
+    abs_kl = negative_approx_kl.abs()
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses_kl = -advantages * ratio + ppo_kl_coef * abs_kl
+    pg_losses = pg_losses1
+    all_valid = response_mask > 0
+    all_valid_idx = torch.nonzero(all_valid.reshape(-1), as_tuple=True)[0]
+    all_valid_adv = advantages[all_valid].detach().reshape(-1).cpu()
+    all_valid_logp = log_prob[all_valid].detach().reshape(-1).cpu()
+    k = min(kl_cov_ratio, len(all_valid_adv))
+    if k != 0:
+        cov_lst_all = (all_valid_adv - all_valid_adv.mean()) * (all_valid_logp - all_valid_logp.mean())
+        k_percent_nums = max(1, int(len(cov_lst_all) * kl_cov_ratio))
+        large_cov_idxs = torch.topk(cov_lst_all, k_percent_nums, largest=True).indices
+        if len(large_cov_idxs) != 0:
+            large_cov_idxs = all_valid_idx[large_cov_idxs]
+            pg_losses[large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]] = pg_losses_kl[
+                large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]]
+    return pg_losses
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_kl_cov_matches_verl(seed):
+    logp, old, adv, mask = random_batch(seed, B=8, T=9)
+    a = logp.clone().requires_grad_(True)
+    ours, _ = compute_policy_loss("kl_cov", a, old, adv, mask, PolicyLossConfig(kl_cov_ratio=0.1, kl_cov_coef=0.7))
+    b = logp.clone().requires_grad_(True)
+    theirs = verl_kl_cov(old, b, adv, mask, 0.1, 0.7) * mask
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
+    (ga,), (gb,) = torch.autograd.grad(ours.sum(), a), torch.autograd.grad(theirs.sum(), b)
+    torch.testing.assert_close(ga, gb, atol=1e-12, rtol=1e-12)
+
+
+# ---- GPG ------------------------------------------------------------------------------------
+
+
+def test_gpg_is_the_plain_policy_gradient_whatever_the_ratio():
+    # loss = -A logp (verl compute_policy_loss_gpg: pg_losses = -log_prob * advantages); d/dlogp = -A,
+    # also far off-policy (no ratio, no clip) and whatever reinforce_form says
+    old = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64)
+    lr = [[2.0, -3.0, 0.0]]
+    loss, grad, diag = run("gpg", lr, [[1.5, -2.0, 0.0]], old=old, reinforce_form="ratio")
+    assert_values(loss, [[-1.5 * 1.0, 2.0 * -5.0, 0.0]], atol=1e-12)
+    assert_values(grad, [[-1.5, 2.0, 0.0]], atol=1e-12)
+    assert diag.zero_grad[0].tolist() == [False, False, True]
+
+
+# ---- config --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"sapo_tau_pos": 0.0}, "sapo_tau_pos"), ({"sapo_tau_neg": -1.0}, "sapo_tau_neg"),
+    ({"clip_cov_ratio": 0.0}, "clip_cov_ratio"), ({"kl_cov_ratio": 1.5}, "kl_cov_ratio"),
+    ({"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, "clip_cov_lb"), ({"kl_cov_coef": -0.1}, "kl_cov_coef"),
+])
+def test_bad_settings_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        PolicyLossConfig(**kwargs)

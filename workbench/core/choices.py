@@ -1,0 +1,122 @@
+"""The names and settings of the core's families, in pure Python (no torch).
+
+The recipe validates against these, so commands that do not train (``runs list``, ``export``,
+``recipes list``) never load torch. Each name tuple lists, in order, what the matching registry
+holds once its module is imported; tests/test_recipe.py checks the two agree, so adding an
+algorithm = one registered function + its name here + a recipe file + its tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .registry import check_choice
+
+# ---- registry names (advantages.py, policy_losses.py, aggregation.py, kl.py) -----------------
+ADVANTAGE_NAMES: tuple[str, ...] = (
+    "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk")
+POLICY_LOSS_NAMES: tuple[str, ...] = (
+    "clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg")
+AGGREGATION_NAMES: tuple[str, ...] = (
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm")
+KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
+
+# ---- advantage estimators (advantages.py) -----------------------------------------------------
+GRPO_SCALES: tuple[str, ...] = ("group", "batch", "none")
+TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+# Estimators whose baseline is the other completions of the prompt's group: they need G >= 2.
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk"})
+# Estimators that read a critic's values (B, T).
+CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
+# Estimators that read a per-completion baseline reward (B,) supplied by the caller: ReMax's is the
+# reward of one greedy completion of the same prompt (an extra rollout per prompt).
+BASELINE_ESTIMATORS: frozenset[str] = frozenset({"remax"})
+# How several reward functions' scores (B, F) become one reward per completion (``combine_rewards``).
+MULTI_REWARD_MODES: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")
+
+# ---- rollout / trainer mismatch (correction.py) ---------------------------------------------------
+IS_LEVELS: tuple[str, ...] = ("token", "sequence")
+IS_MODES: tuple[str, ...] = ("truncate", "mask")
+
+# ---- KL (kl.py) ---------------------------------------------------------------------------------
+KL_PLACEMENTS: tuple[str, ...] = ("in_reward", "in_loss")
+
+# ---- policy losses (policy_losses.py) -----------------------------------------------------------
+GSPO_VARIANTS: tuple[str, ...] = ("sequence", "token")
+CISPO_BOUNDS: tuple[str, ...] = ("relative", "absolute")
+REINFORCE_FORMS: tuple[str, ...] = ("logp", "ratio")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Settings of the policy losses (each loss reads the ones it needs).
+
+    eps_low, eps_high: the trust region [1 - eps_low, 1 + eps_high] of the ratio (PPO,
+        Schulman et al. 2017: 0.2/0.2). DAPO's clip-higher (Yu et al. 2025) raises eps_high to
+        0.28 so low-probability tokens can grow, against entropy collapse. GSPO works on a
+        sequence ratio and uses tiny values (3e-4 / 4e-4). CISPO bounds its weight with them.
+    clip_c: dual clip (Ye et al. 2020, verl ``clip_ratio_c``, e.g. 3.0): for A < 0 the loss is
+        capped at -c A, so a token whose ratio exploded cannot produce an unbounded update.
+        None = off. Must exceed 1 + eps_high.
+    delta: TRL's two-sided clipping (``delta``): the ratio in the unclipped term is capped at
+        delta. With delta = c its forward values equal verl's dual clip. None = off.
+    gspo_variant: ``sequence`` (GSPO paper, Zheng et al. 2025: one ratio s_i per sequence, its
+        gradient spread over all tokens) or ``token`` (verl's GSPO-token: same forward value,
+        log s_it = sg(log s_i) + logp_t - sg(logp_t), per-token gradient).
+    cispo_bounds: CISPO (MiniMax-M1, 2025) weight bounds. ``relative`` clips the ratio to
+        [1 - eps_low, 1 + eps_high] (verl); ``absolute`` caps it at eps_high with no lower bound
+        (TRL, where epsilon_high ~ 5).
+    reinforce_form: vanilla policy gradient as -A logp (``logp``) or -A rho with rho from a
+        stop-grad old policy (``ratio``); same gradient on-policy, different loss values.
+    sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (Gao et al. 2025;
+        TRL ``sapo_temperature_pos/neg``, verl ``tau_pos/neg``: 1.0 / 1.05). Higher = the gate
+        closes faster as the ratio leaves 1; tau_neg > tau_pos damps negative updates sooner.
+    clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov (Cui et al. 2025): a fraction
+        ``clip_cov_ratio`` of the valid tokens, drawn among those whose covariance
+        (A - mean A)(logp - mean logp) lies in (lb, ub), loses its gradient (verl: 2e-4, 1, 5).
+    kl_cov_ratio, kl_cov_coef: KL-Cov (same paper): the top ``kl_cov_ratio`` of tokens by that
+        covariance get the penalty kl_cov_coef * |logp - old| (verl ``kl_cov_ratio`` 2e-4,
+        ``ppo_kl_coef`` 1).
+    cov_seed: Clip-Cov draws its tokens at random (verl: ``torch.randperm``). None draws from
+        torch's global generator (seeded by the run, so runs repeat and steps differ); an int
+        draws from a generator seeded with it (exactly reproducible, e.g. for tests).
+    For ``gmpo`` eps_low / eps_high bound the token *log*-ratio (GMPO paper: 0.4); for
+    ``dppo_tv`` / ``dppo_kl`` they are the divergence thresholds (DPPO: TV 0.15, KL 0.05) and
+    clip_c, if set, truncates the detached ratio (default DPPO_TIS_CAP = 20, as verl).
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    clip_c: float | None = None
+    delta: float | None = None
+    gspo_variant: str = "sequence"
+    cispo_bounds: str = "relative"
+    reinforce_form: str = "logp"
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    kl_cov_coef: float = 1.0
+    cov_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.eps_low < 0 or self.eps_high < 0:
+            raise ValueError(f"eps_low={self.eps_low}, eps_high={self.eps_high}: both must be >= 0")
+        for name, cap in (("clip_c", self.clip_c), ("delta", self.delta)):
+            if cap is not None and cap <= 1.0 + self.eps_high:
+                raise ValueError(f"{name}={cap} must be greater than 1 + eps_high = {1.0 + self.eps_high}")
+        check_choice("gspo_variant", self.gspo_variant, GSPO_VARIANTS)
+        check_choice("cispo_bounds", self.cispo_bounds, CISPO_BOUNDS)
+        check_choice("reinforce_form", self.reinforce_form, REINFORCE_FORMS)
+        for name in ("sapo_tau_pos", "sapo_tau_neg", "clip_cov_ratio", "kl_cov_ratio"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}={getattr(self, name)} is a fraction of the tokens: at most 1")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb={self.clip_cov_lb} must be less than clip_cov_ub={self.clip_cov_ub}")
+        if self.kl_cov_coef < 0:
+            raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
