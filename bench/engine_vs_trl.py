@@ -63,7 +63,7 @@ def run_trl(args, rows, model_dir: str, out_dir: str) -> tuple[float, list[float
     from trl import GRPOConfig, GRPOTrainer
 
     from workbench.engine.tasks import get_task
-    from workbench.engine.tiny import load_model_and_tokenizer
+    from workbench.engine.models import load_policy
 
     class StepEnds(TrainerCallback):
         def __init__(self):
@@ -77,7 +77,7 @@ def run_trl(args, rows, model_dir: str, out_dir: str) -> tuple[float, list[float
                 self.rewards.append(logs["reward"])
 
     task = get_task("arithmetic")
-    model, tok = load_model_and_tokenizer(model_dir)
+    model, tok = load_policy(model_dir)
     config = GRPOConfig(
         output_dir=out_dir, max_steps=args.steps, per_device_train_batch_size=args.G * args.prompts,
         num_generations=args.G, max_completion_length=args.max_len, temperature=1.0, top_p=1.0,
@@ -173,9 +173,9 @@ def engine_overhead(args, dataset: Path, run_dir: Path) -> dict[str, float]:
 def generation_throughput(args, rows, model_dir: str) -> dict[str, tuple[float, list[float]]]:
     """Valid completion tokens per second, HF generate vs the vLLM backend, same prompts."""
     from workbench.engine.rollout import ROLLOUT_BACKENDS, hf_generate
-    from workbench.engine.tiny import load_model_and_tokenizer
+    from workbench.engine.models import load_policy
 
-    model, tok = load_model_and_tokenizer(model_dir)
+    model, tok = load_policy(model_dir)
     prompts = [r["prompt"] for r in rows[: args.gen_prompts]]
     sampling = dict(temperature=1.0, top_p=1.0, max_new_tokens=args.gen_len)
 

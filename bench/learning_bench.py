@@ -2,12 +2,12 @@
 
     python bench/learning_bench.py [--part quick|length|presets|all] [--seeds 0 1 2] [--set key=value ...]
 
-1. quick: the app's *Quick comparison* (``quickstart_recipes()``: GRPO, RLOO, PPO on
-   ``arithmetic_drill``) launched as one comparison group through ``workbench.runs`` — three
-   real detached processes at once, as the button does. Prints, per run, the wall time from the
-   click to the first and last logged step and the mean reward per 20 steps. Baseline in the same
-   script: each run's own first 20 steps (the gain is last-20 minus first-20, with its
-   standard error).
+1. quick: the app's *Quick comparison* (``quickstart_plan()``: GRPO, RLOO, PPO x 3 seeds) launched
+   as one comparison group through ``workbench.runs``, real detached processes queued for the
+   CPU slots, as the button does. Prints the wall time from the click to the last run's end and,
+   per arm, each seed's reward gain (last fifth of steps - first fifth: each run is its own
+   baseline) with the 95% t interval of the mean gain over seeds. ``--first-seed 3`` checks seeds
+   the settings were not tuned on.
 2. length: the ``length_probe`` task (reward ignores length) trained with the same seed under
    three aggregation modes; prints completions/mean_length over the first and last 20 steps, so
    the drift caused by the aggregation alone is visible side by side.
@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+QUICK_GAIN_WINDOW = 0.2  # quick: a run's gain compares its first and last fifth of steps
 
 
 def _home() -> Path:
@@ -43,25 +45,41 @@ def _gain(values: list[float], window: int = 20) -> tuple[float, float]:
     return statistics.mean(last) - statistics.mean(first), se
 
 
-def quick() -> None:
-    from workbench.runs import RunStore, launch_group, quickstart_recipes, wait
+def run_gain(rewards: list[float], frac: float = QUICK_GAIN_WINDOW) -> float:
+    """A run's reward gain: mean over its last ``frac`` of steps - mean over its first ``frac``
+    (k = max(1, ceil(frac n)) steps each, as the verdict table's final window)."""
+    from workbench.analysis.stats import window_length
+
+    k = window_length(len(rewards), frac)
+    return statistics.mean(rewards[-k:]) - statistics.mean(rewards[:k])
+
+
+def quick(first_seed: int, seeds: int) -> None:
+    """The Quick comparison as the button launches it (GRPO, RLOO, PPO x ``seeds`` seeds, all queued
+    at once, ``cpu_slots`` of them training at a time); per arm the reward gain of each seed and
+    the 95% t interval of the mean gain over seeds."""
+    from workbench.analysis import arm_summary
+    from workbench.runs import RunStore, launch_planned, load_settings, quickstart_plan, wait
 
     _home()
     store = RunStore()
+    planned = quickstart_plan(seeds=seeds, first_seed=first_seed)
     clicked = time.time()
-    ids = launch_group(quickstart_recipes(), group="quick", created_by="bench", store=store)
-    for run_id in ids:
-        wait(run_id, store=store, timeout_s=900)
-    frame = store.metrics(ids)
-    print("Quick comparison (3 runs at once, as the button launches them):")
+    ids = launch_planned(planned, group="quick", created_by="bench", store=store)
+    statuses = [wait(run_id, store=store, timeout_s=900) for run_id in ids]
+    wall = time.time() - clicked
+    frame = store.arm_metrics(ids)
+    gains: dict[str, list[float]] = {}
     for run_id in ids:
         rows = frame[frame.run_id == run_id].sort_values("step")
-        rewards = rows.reward.tolist()
-        by20 = [round(statistics.mean(rewards[k:k + 20]), 2) for k in range(0, len(rewards), 20)]
-        gain, se = _gain(rewards)
-        print(f"  {store.get_run(run_id)['algorithm']:5s} first step after {rows.time.iloc[0] - clicked:5.1f} s, "
-              f"last ({len(rewards)}) after {rows.time.iloc[-1] - clicked:5.1f} s; reward per 20 steps {by20}; "
-              f"gain {gain:+.3f} ({gain / se:.1f} standard errors)")
+        gains.setdefault(rows.arm.iloc[0], []).append(run_gain(rows.reward.tolist()))
+    print(f"Quick comparison: {len(ids)} runs ({', '.join(sorted(set(statuses)))}), seeds {first_seed}-"
+          f"{first_seed + seeds - 1}, cpu_slots={load_settings().cpu_slots}: wall time {wall:.0f} s from the click "
+          f"to the last run's end; reward gain = last {QUICK_GAIN_WINDOW:.0%} - first {QUICK_GAIN_WINDOW:.0%} of steps")
+    for row in arm_summary(gains).itertuples():
+        verdict = "excludes 0" if row.ci_low > 0 or row.ci_high < 0 else "includes 0"
+        print(f"  {row.arm:5s} gains {' '.join(f'{g:+.3f}' for g in gains[row.arm])}; mean {row.mean:+.3f}, "
+              f"95% CI [{row.ci_low:+.3f}, {row.ci_high:+.3f}] ({verdict})", flush=True)
 
 
 def length() -> None:
@@ -85,12 +103,6 @@ def length() -> None:
               f"{time.time() - t0:.0f} s")
 
 
-def _fifths_gain(values: list[float]) -> float:
-    """Mean of the last fifth - mean of the first fifth."""
-    k = max(1, len(values) // 5)
-    return statistics.mean(values[-k:]) - statistics.mean(values[:k])
-
-
 def presets(seeds: list[int], overrides: list[str]) -> None:
     from workbench.engine.events import read_events
     from workbench.engine.trainer import train
@@ -107,7 +119,7 @@ def presets(seeds: list[int], overrides: list[str]) -> None:
             t0 = time.time()
             train(recipe, run_dir)
             seconds.append(time.time() - t0)
-            gains.append(_fifths_gain([e["metrics"]["reward"] for e in read_events(run_dir) if e["kind"] == "metrics"]))
+            gains.append(run_gain([e["metrics"]["reward"] for e in read_events(run_dir) if e["kind"] == "metrics"], 0.2))
         sd = statistics.stdev(gains) if len(gains) > 1 else float("nan")
         print(f"  {name:12s} {recipe.task} {recipe.train.steps} steps: gains {' '.join(f'{g:+.3f}' for g in gains)}; "
               f"mean {statistics.mean(gains):+.3f} +- {sd:.3f}, min {min(gains):+.3f}; "
@@ -121,10 +133,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["quick", "length", "presets", "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="presets: one run per seed")
+    parser.add_argument("--first-seed", type=int, default=0, help="quick: seeds first-seed, first-seed + 1, ...")
+    parser.add_argument("--quick-seeds", type=int, default=3, help="quick: seeds per arm")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="presets: overrides for every preset")
     args = parser.parse_args()
     if args.part in ("quick", "all"):
-        quick()
+        quick(args.first_seed, args.quick_seeds)
     if args.part in ("length", "all"):
         length()
     if args.part in ("presets", "all"):

@@ -49,7 +49,7 @@ def trl_rewards(seed: int, s: dict, dataset: Path, model_dir: str, out_dir: str)
     from trl import GRPOConfig, GRPOTrainer
 
     from workbench.engine.tasks import get_task
-    from workbench.engine.tiny import load_model_and_tokenizer
+    from workbench.engine.models import load_policy
 
     class Rewards(TrainerCallback):
         def __init__(self):
@@ -61,7 +61,7 @@ def trl_rewards(seed: int, s: dict, dataset: Path, model_dir: str, out_dir: str)
 
     task = get_task(TASK)
     rows = [json.loads(line) for line in dataset.read_text().splitlines()]
-    model, tok = load_model_and_tokenizer(model_dir)
+    model, tok = load_policy(model_dir)
     config = GRPOConfig(
         output_dir=out_dir, max_steps=s["steps"], per_device_train_batch_size=s["G"] * s["prompts"],
         num_generations=s["G"], max_completion_length=s["max_len"], temperature=1.0, top_p=1.0, top_k=0,

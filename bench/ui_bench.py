@@ -1,9 +1,11 @@
 """UI benchmarks: (1) server-side render time of the Live / Compare page with 10 runs x 1,000
-steps (target < 1 s), against a 1 run x 10 steps baseline in the same script; (2) live-update
-latency from a step's event being written to events.jsonl to the browser's chart showing it
-(real `streamlit run` + Debian chromium via Playwright; needs /usr/bin/chromium).
+steps (target < 1 s), against a 1 run x 10 steps baseline in the same script; (2) the same for the
+arms view (mean curves with 95% bands, verdict table) of 10 arms x 3 seeds x 1,000 steps, against
+2 arms x 2 seeds x 10 steps; (3) live-update latency from a step's event being written to
+events.jsonl to the browser's chart showing it (real `streamlit run` + Debian chromium via
+Playwright; needs /usr/bin/chromium).
 
-    .venv/bin/python bench/ui_bench.py [--runs 10 --steps 1000 --repeats 5 --latency-steps 10]
+    .venv/bin/python bench/ui_bench.py [--runs 10 --steps 1000 --arms 10 --seeds 3 --repeats 5 --latency-steps 10]
 """
 
 from __future__ import annotations
@@ -23,57 +25,84 @@ sys.path.insert(0, str(ROOT))
 SCRATCH = tempfile.mkdtemp(prefix="wb-ui-bench-")
 
 
-def fill_store(home: Path, runs: int, steps: int) -> list[str]:
-    """``runs`` finished runs in one group, ``steps`` ingested steps each (metrics + samples)."""
+def fill_store(home: Path, runs: int, steps: int, seeds: int = 1) -> list[str]:
+    """``runs`` arms x ``seeds`` finished runs in one group, ``steps`` ingested steps each (metrics +
+    samples); arm r's reward is offset by 0.01 r, seed s's by 0.003 s (bands of some width)."""
     os.environ["WORKBENCH_HOME"] = str(home)
     from tests.ui.seed import metrics_event, samples_event
     from workbench.recipe import load_recipe
     from workbench.runs import RunStore
 
     store, ids, t0 = RunStore(), [], time.time() - steps
-    yaml_text = load_recipe("grpo").to_yaml()
     for r in range(runs):
-        run_id = f"bench{r}"
-        store.create_run(run_id=run_id, name=f"run{r}", algorithm="grpo", recipe_yaml=yaml_text, total_steps=steps,
-                         target="local", launcher="local", host="localhost", created_by="bench",
-                         run_dir=str(home / "runs" / run_id), group="bench")
-        events = [{"kind": "status", "step": 0, "time": t0, "status": "running"}]
-        for s in range(steps):
-            events += [metrics_event(s, t0 + s, 0.01 * r), samples_event(s, t0 + s)]
-        store.ingest(run_id, events)
-        store.set_status(run_id, "finished")
-        ids.append(run_id)
+        for seed in range(seeds):
+            run_id = f"bench{r}" if seeds == 1 else f"bench{r}s{seed}"
+            yaml_text = load_recipe("grpo", [f"train.seed={seed}"]).to_yaml()
+            store.create_run(run_id=run_id, name=f"run{r}", algorithm="grpo", recipe_yaml=yaml_text, total_steps=steps,
+                             target="local", launcher="local", host="localhost", created_by="bench",
+                             run_dir=str(home / "runs" / run_id), group="bench", arm=f"arm{r}")
+            events = [{"kind": "status", "step": 0, "time": t0, "status": "running"}]
+            for s in range(steps):
+                events += [metrics_event(s, t0 + s, 0.01 * r + 0.003 * seed), samples_event(s, t0 + s)]
+            store.ingest(run_id, events)
+            store.set_status(run_id, "finished")
+            ids.append(run_id)
     return ids
 
 
-def render_times(runs: int, steps: int, repeats: int) -> list[float]:
-    """Wall seconds of one full script run of the Compare page (AppTest, in-process)."""
+def render_times(runs: int, steps: int, repeats: int, seeds: int = 1, cold: bool = True) -> list[float]:
+    """Wall seconds of one full script run of the Compare page (AppTest, in-process): the per-run
+    view with ``seeds`` = 1, the arms view (bands, verdict table) otherwise. ``cold``: the page's
+    caches (the arms view keeps the decoded metrics and its charts per data stamp) are cleared
+    before each run, as when new steps have arrived; else the same data is drawn again, as on a
+    widget change."""
+    import streamlit as st
     from streamlit.testing.v1 import AppTest
 
     # Homes stay until the process ends: the app's collector thread keeps polling their stores.
     tmp = tempfile.mkdtemp(dir=SCRATCH)
-    if True:
-        fill_store(Path(tmp), runs, steps)
-        at = AppTest.from_string("from workbench.ui import compare_page\ncompare_page.render()\n", default_timeout=120)
-        at.run()  # imports and first-time caches
-        assert len(at.get("plotly_chart")) == 11, "every panel should render"
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            at.run()
-            times.append(time.perf_counter() - t)
-        from workbench.viz.curves import compare_figures
-        from workbench.runs import RunStore
+    ids = fill_store(Path(tmp), runs, steps, seeds)
+    at = AppTest.from_string("from workbench.ui import compare_page\ncompare_page.render()\n", default_timeout=120)
+    at.run()  # imports and first-time caches
+    assert at.radio(key="compare_view").value == ("arms" if seeds > 1 else "per run")
+    assert len(at.get("plotly_chart")) == 11, "every panel should render"
+    assert not at.exception
+    if seeds > 1:
+        assert len(at.dataframe[0].value) == runs, "the verdict table should have a row per arm"
+    times = []
+    for _ in range(repeats):
+        if cold:
+            st.cache_resource.clear()
+        t = time.perf_counter()
+        at.run()
+        times.append(time.perf_counter() - t)
+    from workbench.runs import RunStore
+    from workbench.viz.arms import arm_figures
+    from workbench.viz.curves import available_panels, compare_figures
 
-        store = RunStore()
-        t = time.perf_counter()
-        df = store.metrics([f"bench{r}" for r in range(runs)])
-        t_query = time.perf_counter() - t
-        t = time.perf_counter()
-        compare_figures(df)
-        t_figs = time.perf_counter() - t
-        print(f"  {runs} runs x {steps} steps: store.metrics {t_query * 1e3:.0f} ms, figures {t_figs * 1e3:.0f} ms")
+    store = RunStore()
+    t = time.perf_counter()
+    df = store.metrics(ids) if seeds == 1 else store.arm_metrics(ids)
+    t_query = time.perf_counter() - t
+    t = time.perf_counter()
+    compare_figures(df) if seeds == 1 else arm_figures(df, available_panels(df), smoothing=0.6)
+    t_figs = time.perf_counter() - t
+    what = f"{runs} runs" if seeds == 1 else f"{runs} arms x {seeds} seeds"
+    print(f"  {what} x {steps} steps: store query {t_query * 1e3:.0f} ms, figures {t_figs * 1e3:.0f} ms")
     return times
+
+
+def spread(times: list[float]) -> str:
+    """'median 0.412 s (min 0.398, max 0.455, n 5)'."""
+    return f"median {statistics.median(times):.3f} s (min {min(times):.3f}, max {max(times):.3f}, n {len(times)})"
+
+
+def report(label: str, base: list[float], big: list[float]) -> None:
+    """The big case against its small baseline: medians with min/max, the target, the ratio."""
+    med, ratio = statistics.median(big), statistics.median(big) / statistics.median(base)
+    print(f"  baseline: {spread(base)}")
+    print(f"  {label}: {spread(big)} (target < 1 s: {'met' if med < 1 else 'MISSED'}); ratio to baseline "
+          f"{ratio:.1f}x (min/max ratio {min(big) / max(base):.1f}-{max(big) / min(base):.1f}x)")
 
 
 def latency(steps: int) -> list[float]:
@@ -132,19 +161,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--arms", type=int, default=10)
+    ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--latency-steps", type=int, default=10)
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
-    print("Compare page, server-side render (AppTest script run):")
-    base = statistics.median(render_times(1, 10, args.repeats))
-    big = render_times(args.runs, args.steps, args.repeats)
-    med = statistics.median(big)
-    print(f"  baseline 1 run x 10 steps: median {base:.3f} s")
-    print(f"  {args.runs} runs x {args.steps} steps: median {med:.3f} s, max {max(big):.3f} s "
-          f"(target < 1 s: {'met' if med < 1 else 'MISSED'}); ratio to baseline {med / base:.1f}x")
+    print("Compare page, per-run view, server-side render (AppTest script run):")
+    report(f"{args.runs} runs x {args.steps} steps", render_times(1, 10, args.repeats),
+           render_times(args.runs, args.steps, args.repeats))
+    print("Compare page, arms view (mean +- 95% band per arm, verdict table), server-side render:")
+    base = render_times(2, 10, args.repeats, seeds=2)
+    report(f"{args.arms} arms x {args.seeds} seeds x {args.steps} steps, cold (new data)", base,
+           render_times(args.arms, args.steps, args.repeats, seeds=args.seeds))
+    report(f"{args.arms} arms x {args.seeds} seeds x {args.steps} steps, warm (same data, a widget changed)", base,
+           render_times(args.arms, args.steps, args.repeats, seeds=args.seeds, cold=False))
     sys.stdout.flush()
     if args.latency_steps:
         lat = latency(args.latency_steps)

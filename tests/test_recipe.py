@@ -11,7 +11,8 @@ import yaml
 from workbench.core import ADVANTAGE_ESTIMATORS, AdvantageConfig, PolicyLossConfig
 from workbench.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe, preset_names
 
-EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo"}
+EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo",
+                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk"}
 
 # The arXiv id of each preset's paper, which its header comment must name.
 PAPERS = {
@@ -23,6 +24,13 @@ PAPERS = {
     "ppo": "1707.06347",
     "gspo": "2507.18071",
     "cispo": "2506.13585",
+    "sapo": "2511.20347",
+    "gmpo": "2507.20673",
+    "gpg": "2504.02546",
+    "clip_cov": "2505.22617",
+    "kl_cov": "2505.22617",
+    "opo": "2505.23585",
+    "grpo_passk": "2503.19595",
 }
 
 # The settings that define each algorithm (dotted paths into the recipe).
@@ -107,6 +115,63 @@ DEFINING = {
         "algorithm.eps_low": 1.0,
         "algorithm.eps_high": 0.28,
         "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
+    },
+    "sapo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "sapo",
+        "algorithm.sapo_tau_pos": 1.0,
+        "algorithm.sapo_tau_neg": 1.05,
+        "algorithm.aggregation": "seq-mean-token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
+    },
+    "gmpo": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "gmpo",
+        "algorithm.eps_low": 0.4,
+        "algorithm.eps_high": 0.4,
+        "algorithm.aggregation": "seq-mean-token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
+    },
+    "gpg": {
+        "algorithm.advantage": "grpo",
+        "algorithm.grpo_scale": "none",
+        "algorithm.policy_loss": "gpg",
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 1,
+    },
+    "clip_cov": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "clip_cov",
+        "algorithm.clip_cov_ratio": 2e-4,
+        "algorithm.clip_cov_lb": 1.0,
+        "algorithm.clip_cov_ub": 5.0,
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+    },
+    "kl_cov": {
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "kl_cov",
+        "algorithm.kl_cov_ratio": 2e-4,
+        "algorithm.kl_cov_coef": 1.0,
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+    },
+    "opo": {
+        "algorithm.advantage": "opo",
+        "algorithm.policy_loss": "clip",
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 1,
+    },
+    "grpo_passk": {
+        "algorithm.advantage": "grpo_passk",
+        "algorithm.grpo_scale": "group",
+        "algorithm.policy_loss": "clip",
         "algorithm.kl_coef": 0.0,
         "train.mu": 2,
     },

@@ -1,6 +1,7 @@
 """Command line: ``python -m workbench ...``.
 
     train RECIPE [--set key=value ...] [--run-dir DIR] [--stdout-events]
+    train --resume RUN_DIR [--stdout-events]   (continue a run from its newest checkpoint)
     recipes list | recipes show NAME
     model build tiny
     launch / runs / collect   (workbench/runs/cli.py)
@@ -28,13 +29,32 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
+def _resumed_run(args):
+    """(recipe, run_dir) of ``train --resume RUN_DIR``: the run's own recipe, unchanged (a changed
+    recipe would not continue the same run)."""
+    from workbench.recipe import RecipeError
+
+    if args.recipe or args.set or args.run_dir:
+        raise RecipeError("--resume RUN_DIR takes the run's own recipe.yaml: give no RECIPE, --set or --run-dir with it")
+    run_dir = Path(args.resume)
+    if not (run_dir / "recipe.yaml").is_file():
+        raise RecipeError(f"--resume {str(run_dir)!r} is not a run directory (it has no recipe.yaml)")
+    return load_recipe(str(run_dir / "recipe.yaml")), run_dir
+
+
 def _cmd_train(args) -> int:
-    recipe = load_recipe(args.recipe, args.set)
+    if args.resume is not None:
+        recipe, run_dir = _resumed_run(args)
+    elif not args.recipe:
+        raise ValueError("train needs a RECIPE (preset name or YAML path), or --resume RUN_DIR")
+    else:
+        recipe = load_recipe(args.recipe, args.set)
+        run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_fits_machine(recipe)  # threads vs this machine's CPUs, before any output is written
-    run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     from workbench.engine.trainer import train  # heavy imports only when training
 
-    status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty())
+    status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(),
+                   resume=args.resume is not None)
     print(f"{status}: {run_dir}", file=sys.stderr)
     return {"finished": 0, "cancelled": 130}.get(status, 1)
 
@@ -61,10 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workbench", description="RL Workbench")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run a recipe (preset name or YAML path) in this process")
-    t.add_argument("recipe")
+    t.add_argument("recipe", nargs="?", help="preset name or YAML path (not with --resume)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. train.steps=10")
     t.add_argument("--run-dir", help="where events and the recipe go (default: WORKBENCH_HOME/runs/NAME-TIME)")
     t.add_argument("--stdout-events", action="store_true", help="mirror events to stdout (remote runs)")
+    t.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest checkpoint (same run, same events.jsonl)")
     t.set_defaults(func=_cmd_train)
     r = sub.add_parser("recipes", help="list or show the presets")
     r.add_argument("action", choices=["list", "show"])

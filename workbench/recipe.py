@@ -8,7 +8,6 @@ fails with an error naming the field, the value and what is allowed.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -35,6 +34,7 @@ from workbench.core.choices import (
     PolicyLossConfig,
 )
 from workbench.core.registry import check_choice
+from workbench.model_facts import TINY_MAX_POSITIONS, TINY_MODEL, model_facts
 
 if TYPE_CHECKING:
     from workbench.core.advantages import AdvantageConfig
@@ -60,9 +60,9 @@ MAX_THREADS = 256  # the machine's CPUs are checked where the run starts (check_
 MAX_LOGGED_ROWS = 4096  # samples / diagnostics sequences per step
 MAX_SEED = 2**32 - 1  # numpy's limit
 
-#: Positions of the built-in tiny model (engine/tiny.py builds it with this; validation reads it torch-free).
-TINY_MAX_POSITIONS = 256
-TINY_MODEL = "tiny"
+MAX_EVAL_PROMPTS = 4096
+#: Tasks named ``reasoning_gym/<dataset>`` come from PyPI reasoning-gym (engine/reasoning.py).
+REASONING_GYM_PREFIX = "reasoning_gym/"
 
 
 def _admits_bool(annotation: Any) -> bool:
@@ -213,6 +213,8 @@ class Sampling(_Section):
     """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
     max_completion_length: int = Field(8, ge=1)  # upper bound: the model's context (Recipe._cross)
     """L_max: completions are cut here (and the Dr. GRPO normaliser uses it). Prompt + completion must fit the model's positions."""
+    max_prompt_length: int | None = Field(None, ge=1, le=MAX_COMPLETION_LENGTH)
+    """Longer prompts keep their last tokens (left truncation, as TRL; counted in prompts/truncated_ratio). None = no limit."""
 
 
 class Optim(_Section):
@@ -276,6 +278,34 @@ class Logging(_Section):
     """Same-batch lens every N steps (0 = off): every advantage estimator x policy loss on the step's batch (loss, grad norm, cosine with the update taken), in that step's diagnostics event. One extra forward and ~30 backward passes per lens step, so off by default (see bench/lens_bench.py)."""
 
 
+class Checkpoint(_Section):
+    """What the run saves to continue after a crash (``train --resume RUN_DIR``)."""
+
+    every: int = Field(0, ge=0, le=MAX_STEPS)
+    """A checkpoint (policy, tokenizer, optimiser, scheduler, RNG states, step) every N steps; 0 = only at the end. The finished policy is always saved as a plain Hugging Face directory, run_dir/final."""
+    keep_last: int = Field(1, ge=1, le=1000)
+    """How many of the newest checkpoints are kept (older ones are deleted once a newer one is complete)."""
+
+
+class Eval(_Section):
+    """Held-out evaluation: prompts never trained on, scored by the task's verifier."""
+
+    every: int = Field(0, ge=0, le=MAX_STEPS)
+    """Evaluate every N steps (0 = off): at step 0 (the untrained policy), every N steps, and the final policy in the last step's line (eval/updates says how many updates the evaluated policy had)."""
+    num_prompts: int = Field(32, ge=1, le=MAX_EVAL_PROMPTS)
+    """Held-out prompts: reasoning-gym's eval split, prompts of a built-in task that training never sees, or the first rows of eval.dataset."""
+    pass_k: int = Field(4, ge=1, le=MAX_GENERATIONS)
+    """k of pass@k: k completions per prompt at eval.temperature; correct if any is (the greedy completion gives pass@1)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the pass@k completions (greedy decoding for pass@1). Completions are at most sampling.max_completion_length tokens."""
+    dataset: str | None = None
+    """JSONL / CSV / saved datasets dir of held-out prompts; required to evaluate a run whose prompts come from `dataset`."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+
 class Recipe(_Section):
     """A whole run. ``name`` identifies the preset or run."""
 
@@ -284,7 +314,11 @@ class Recipe(_Section):
     model: str = "tiny"
     """'tiny' (built locally) or a Hugging Face causal LM path / hub id."""
     task: str | None = "arithmetic"
-    """Built-in task; its prompts and reward functions are used unless overridden."""
+    """Built-in task or reasoning_gym/<dataset> (e.g. reasoning_gym/basic_arithmetic); its prompts and reward functions are used unless overridden."""
+    task_config: dict[str, Any] = Field(default_factory=dict)
+    """reasoning-gym dataset config keys (e.g. {min_terms: 2, max_terms: 2}); size and seed are set by the workbench."""
+    system_prompt: str | None = None
+    """System message of conversational prompts (replaces the dataset's); needs a model with a chat template."""
     dataset: str | None = None
     """JSONL / CSV / saved `datasets` dir with a 'prompt' column (replaces the task's prompts)."""
     reward_funcs: list[str] = Field(default_factory=list)
@@ -296,6 +330,8 @@ class Recipe(_Section):
     optim: Optim = Field(default_factory=Optim)
     train: Train = Field(default_factory=Train)
     logging: Logging = Field(default_factory=Logging)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    eval: Eval = Field(default_factory=Eval)
 
     @model_validator(mode="after")
     def _cross(self):
@@ -306,7 +342,8 @@ class Recipe(_Section):
             raise ValueError(
                 f"sampling.prompts_per_step x sampling.num_generations = {self.sampling.prompts_per_step} x "
                 f"{self.sampling.num_generations} = {batch} completions per step: at most {MAX_BATCH}")
-        _check_context(self.model, self.sampling.max_completion_length)
+        _check_model(self)
+        _check_task(self)
         per_update = self.train.minibatches * self.train.grad_accum
         if batch % per_update != 0:
             raise ValueError(
@@ -400,51 +437,59 @@ def _yaml_value(text: str, where: str, hint: str = "") -> Any:
 
 # ---- what the model and the machine allow ---------------------------------------------------------
 
-# config.json keys holding a causal LM's context length (Llama/Qwen/Mistral, GPT-2, MPT/Falcon, ...).
-_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
-
-
 def model_positions(model: str) -> int | None:
-    """The context length (positions) of ``model`` without loading it; None where it is not known.
-
-    'tiny' -> TINY_MAX_POSITIONS; a local directory or a hub id already in the Hugging Face cache
-    -> its config.json. Nothing is downloaded and torch is not imported.
-    """
-    if model == TINY_MODEL:
-        return TINY_MAX_POSITIONS
-    config = Path(model).expanduser() / "config.json"
-    if not config.is_file():
-        config = _cached_hub_config(model)
-    try:
-        values = json.loads(config.read_text()) if config is not None else {}
-    except (OSError, ValueError):
-        return None
-    values = {**values, **(values.get("text_config") or {})}  # multimodal configs nest the LM's
-    return next((int(values[k]) for k in _CONTEXT_KEYS if isinstance(values.get(k), int)), None)
+    """The context length (positions) of ``model`` without loading it; None where it is not known
+    (``workbench.model_facts`` reads it: nothing is downloaded and torch is not imported)."""
+    facts = model_facts(model)
+    return facts.max_positions if facts is not None else None
 
 
-def _cached_hub_config(model: str) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(model, "config.json")
-    except Exception:  # not a valid repo id (a .gguf path, a typo): the context is unknown
-        return None
-    return Path(found) if isinstance(found, str) else None
+def conversational_task(recipe: "Recipe") -> bool:
+    """The recipe's prompts are messages to render with a chat template (reasoning-gym tasks;
+    the built-in tasks are text; a dataset's format is known only once it is read)."""
+    return recipe.dataset is None and (recipe.task or "").startswith(REASONING_GYM_PREFIX)
 
 
-def _check_context(model: str, max_completion_length: int) -> None:
-    """Prompt + completion must fit the model's positions: L_max <= positions - 1 (a prompt has >= 1
-    token); where the model's context is not known, L_max <= MAX_COMPLETION_LENGTH."""
-    positions = model_positions(model)
-    if positions is not None and max_completion_length > positions - 1:
+def _check_model(recipe: "Recipe") -> None:
+    """What the model allows, read from its files when they are here (``model_facts``):
+    prompt + completion fit its positions (max_prompt_length + L_max <= positions; without
+    max_prompt_length the prompt takes at least 1 token), and conversational prompts or a system
+    prompt need its chat template. Where nothing is known, L_max <= MAX_COMPLETION_LENGTH."""
+    s, model = recipe.sampling, recipe.model
+    facts = model_facts(model)
+    positions = facts.max_positions if facts is not None else None
+    if positions is not None and s.max_prompt_length is None and s.max_completion_length > positions - 1:
         raise ValueError(
-            f"sampling.max_completion_length={max_completion_length}: at most {positions - 1} "
+            f"sampling.max_completion_length={s.max_completion_length}: at most {positions - 1} "
             f"(model {model!r} has {positions} positions, and the prompt takes at least 1)")
-    if positions is None and max_completion_length > MAX_COMPLETION_LENGTH:
+    if positions is not None and s.max_prompt_length is not None and s.max_prompt_length + s.max_completion_length > positions:
         raise ValueError(
-            f"sampling.max_completion_length={max_completion_length}: at most {MAX_COMPLETION_LENGTH} "
+            f"sampling.max_prompt_length + sampling.max_completion_length = {s.max_prompt_length} + "
+            f"{s.max_completion_length}: at most {positions} in all (the positions of model {model!r})")
+    if positions is None and s.max_completion_length > MAX_COMPLETION_LENGTH:
+        raise ValueError(
+            f"sampling.max_completion_length={s.max_completion_length}: at most {MAX_COMPLETION_LENGTH} "
             f"(the context of model {model!r} is not known before it loads)")
+    templated = conversational_task(recipe) or recipe.system_prompt is not None
+    if facts is not None and templated and not facts.has_chat_template:
+        what = "system_prompt" if recipe.system_prompt is not None else f"task={recipe.task!r} (conversational prompts)"
+        raise ValueError(f"{what} needs a chat template, and model {model!r} has none: use a model with one (e.g. smollm2-135m)")
+
+
+def _check_task(recipe: "Recipe") -> None:
+    """Fields that only some tasks read: task_config (reasoning-gym), system_prompt (conversational
+    prompts), an eval set for a dataset run."""
+    rg = conversational_task(recipe)
+    if recipe.task_config and not rg:
+        raise ValueError(f"task_config={recipe.task_config!r} is read only by reasoning_gym/<dataset> tasks, not task={recipe.task!r}")
+    if recipe.system_prompt is not None and recipe.dataset is None and not rg:
+        raise ValueError(
+            f"system_prompt: task={recipe.task!r} has text prompts (standard format), which are not templated; "
+            "a system prompt needs conversational prompts (reasoning_gym/<dataset> or a dataset of messages)")
+    if recipe.eval.enabled and recipe.dataset is not None and recipe.eval.dataset is None:
+        raise ValueError(
+            f"eval.every={recipe.eval.every} with dataset={recipe.dataset!r}: set eval.dataset to held-out prompts "
+            "(prompts that training never sees), or eval.every=0")
 
 
 def available_cpus() -> int:

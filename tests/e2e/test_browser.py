@@ -172,3 +172,39 @@ def test_every_lab_page_renders_its_figures(browser_page, server):
         page.wait_for_timeout(500)  # let the script run finish before looking for errors
         errors = page.get_by_test_id("stException")
         assert errors.count() == 0, f"{title}: {errors.first.inner_text()[:800]}"
+
+
+# The arms view's reward chart as the browser holds it: names of the filled band traces.
+REWARD_BANDS = """() => {
+  const plot = Array.from(document.querySelectorAll('.js-plotly-plot'))
+      .find(p => p.layout && p.layout.title && String(p.layout.title.text).includes('Reward (batch mean)'));
+  return plot ? plot.data.filter(t => t.fill === 'toself').map(t => t.name) : null;
+}"""
+
+
+def test_arms_view_draws_bands_and_the_verdict(browser_page, server, store, e2e_home, screenshots):
+    """Two arms x 3 seeds (finished runs in the server's store): Live / Compare opens on the arms
+    view, the reward chart has a 95% band per arm, and the verdict table is drawn."""
+    from tests.ui.seed import metrics_event
+    from workbench.recipe import load_recipe
+
+    for arm, offset in (("grpo", 0.0), ("rloo", 0.3)):
+        for seed in range(3):
+            run_id = f"arms-{arm}-{seed}"
+            store.create_run(run_id=run_id, name=arm, algorithm=arm, total_steps=20, target="local", launcher="local",
+                             recipe_yaml=load_recipe(arm, [f"train.seed={seed}"]).to_yaml(), host="localhost",
+                             created_by="erin", run_dir=str(e2e_home / "runs" / run_id), group="arms-e2e", arm=arm)
+            events = [metrics_event(step, 1000.0 + step, offset + 0.02 * seed) for step in range(20)]
+            store.ingest(run_id, events)
+            store.set_status(run_id, "finished")
+    page = browser_page
+    page.goto(f"{server}/compare")  # opens on the newest group
+    bands = wait_until(lambda: page.evaluate(REWARD_BANDS), 60, "the reward chart's bands", page=page)
+    assert bands == ["grpo (95% CI)", "rloo (95% CI)"]
+    page.get_by_text("Mean over seeds per arm: grpo: 3 seeds · rloo: 3 seeds").wait_for()
+    assert page.get_by_test_id("stException").count() == 0
+    page.screenshot(path=str(screenshots / "arms.png"))
+    verdict = page.get_by_role("heading", name="Verdict")
+    verdict.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(screenshots / "verdict.png"))

@@ -12,7 +12,7 @@ import torch
 from workbench.core import entropy_from_logits, logprobs_from_logits
 from workbench.engine.forward import completion_logits, logprobs_and_entropy
 from workbench.engine.rollout import Rollout
-from workbench.engine.tiny import load_model_and_tokenizer
+from workbench.engine.models import load_policy
 from workbench.engine.trainer import prompts_for_step
 
 
@@ -30,7 +30,7 @@ def _batch(tok, lengths, T=12):
 
 def test_trimmed_forward_equals_the_full_forward_on_valid_tokens(wb_home):
     torch.set_num_threads(1)
-    model, tok = load_model_and_tokenizer("tiny")
+    model, tok = load_policy("tiny")
     batch = _batch(tok, [3, 5, 1, 2])  # longest valid completion 5 of T = 12
     logp, ent = logprobs_and_entropy(model, batch, 0.7, with_entropy=True)
     full_logits = completion_logits(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)

@@ -141,3 +141,20 @@ def test_model_facts_come_from_json_without_importing_torch(smollm2_dir, tmp_pat
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [8192, [2], True, None, False]
     assert model_facts("someone/not-here") is None
+
+
+def test_recipes_are_checked_against_the_models_facts(smollm2_dir, monkeypatch):
+    from workbench.recipe import Recipe, RecipeError
+
+    monkeypatch.setenv("WORKBENCH_HOME", str(smollm2_dir.parent.parent))
+    rg = ["task=reasoning_gym/basic_arithmetic", "system_prompt=Answer in <answer> tags."]
+    ok = Recipe().with_overrides(["model=smollm2-135m", *rg, "sampling.max_prompt_length=8000", "sampling.max_completion_length=192"])
+    assert ok.sampling.max_prompt_length == 8000 and ok.system_prompt.startswith("Answer")
+    with pytest.raises(RecipeError, match=r"max_prompt_length \+ sampling.max_completion_length = 8000 \+ 193: at most 8192"):
+        ok.with_overrides(["sampling.max_completion_length=193"])
+    with pytest.raises(RecipeError, match="conversational prompts\\) needs a chat template, and model 'tiny' has none"):
+        Recipe().with_overrides(["task=reasoning_gym/basic_arithmetic"])
+    with pytest.raises(RecipeError, match="system_prompt: task='arithmetic' has text prompts"):
+        Recipe().with_overrides(["model=smollm2-135m", "system_prompt=hi"])
+    with pytest.raises(RecipeError, match="task_config=.* is read only by reasoning_gym/<dataset> tasks"):
+        Recipe().with_overrides(["task_config={min_terms: 2}"])

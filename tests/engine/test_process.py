@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.engine.events import read_events
-from workbench.engine.tiny import load_model_and_tokenizer
+from workbench.engine.models import load_policy
 from workbench.engine.trainer import parameter_digest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,5 +101,5 @@ def test_two_process_data_parallel(wb_home, few_problems, tmp_path):
     assert expected == pytest.approx([4e-3 / 6, 8e-4, 4e-4, 0.0])
     assert [m["lr"] for m in ms] == pytest.approx(expected, rel=1e-6, abs=1e-12)
     # ... and the identical parameters are not simply the untouched start: both ranks updated
-    initial, _ = load_model_and_tokenizer("tiny")
+    initial, _ = load_policy("tiny")
     assert digests[0] != parameter_digest(initial)

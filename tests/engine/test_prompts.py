@@ -91,3 +91,29 @@ def test_bad_prompts_are_refused_with_the_reason(tokenizer):
     no_template.chat_template = None
     with pytest.raises(ValueError, match="has no chat template"):
         render_prompt(no_template, QUESTION)
+
+
+def test_completion_masks_stop_at_the_first_of_several_stop_ids():
+    import torch
+
+    from workbench.engine.rollout import completion_mask_from_ids
+
+    ids = torch.tensor([[5, 2, 7, 9], [1, 1, 1, 1], [9, 3, 2, 2]])
+    mask, truncated = completion_mask_from_ids(ids, [2, 9])  # EOS and end-of-turn
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert truncated.tolist() == [False, True, False]
+    assert completion_mask_from_ids(ids, 9)[0].tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_a_batch_is_left_padded_and_counts_truncated_prompts(tokenizer):
+    from workbench.engine.rollout import encode_batch
+
+    side, tokenizer.padding_side = tokenizer.padding_side, "right"  # encode_batch pads left regardless
+    try:
+        ids, mask, cut = encode_batch(tokenizer, ["Hi", QUESTION], max_prompt_length=8)
+        assert tokenizer.padding_side == "right"
+    finally:
+        tokenizer.padding_side = side
+    assert ids.shape == mask.shape == (2, 8) and cut == 1
+    assert mask[0].tolist() == [0] * (8 - int(mask[0].sum())) + [1] * int(mask[0].sum())
+    assert tokenizer.decode(ids[1]).endswith("<|im_start|>assistant\n")

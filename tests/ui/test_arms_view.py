@@ -136,3 +136,14 @@ def test_sweep_view_plots_the_final_metric_against_each_swept_value(home, store)
     assert trace["x"] == [0.2, 0.28] and trace["y"] == pytest.approx([0.6, 0.9])  # last step: 0.5 + 0.1 seed
     half = T2 * 0.1 / math.sqrt(3)
     assert decode(trace["error_y"]["array"]) == pytest.approx([half, half])
+
+
+def test_many_arms_compare_against_the_first_by_default(home, store):
+    """10 arms gave 45 pair rows; beyond 4 arms the default is each arm against the first."""
+    for a in range(5):
+        for seed in range(2):
+            add_seed(store, f"arm{a}", seed, 3, 0.1 * a)
+    at = page("compare_page").run()
+    assert at.selectbox(key="verdict_pairs").value == "arm0"
+    pairs = at.dataframe[1].value
+    assert list(zip(pairs["A"], pairs["B"])) == [(f"arm{a}", "arm0") for a in range(1, 5)]

@@ -2,6 +2,7 @@
 empirical views on a real run launched through workbench.runs (tiny model, real subprocess)."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -60,7 +61,7 @@ def test_ppo_lab_analytic_follows_the_sliders(lab_home):
     at = lab("lab-ppo-regions").run()
     assert not at.exception
     fig = chart(at, "ppo_analytic")
-    assert {t["name"] for t in fig["data"]} == {"PPO clip", "GSPO (sequence ratio s)", "CISPO (surrogate)"}
+    assert {t["name"] for t in fig["data"]} == {"PPO clip", "GSPO", "CISPO", "SAPO", "GMPO"}
     x1 = sorted({s["x1"] for s in fig["layout"]["shapes"]})
     assert 1.28 in x1 and 2.0 in x1  # eps_high 0.28 and dual clip c = 2 by default
     at.slider(key="ppo_eps_high").set_value(0.4).run()
@@ -266,7 +267,14 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     assert not at.exception
     at.selectbox(key="lens_run").select(run_id).run()
     fig = chart(at, "lens_over_run")
-    assert len(fig["data"]) == 7 * 4  # estimators x policy losses (no critic)
+    from workbench.core import BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, POLICY_LOSSES
+    from workbench.engine.lens import lens_estimators
+
+    # every registered estimator (GRPO once per std scale) x every registered loss; no critic and
+    # no greedy baseline in this run, so GAE and ReMax sit out
+    rows = [k for k, (name, _) in lens_estimators().items() if name not in CRITIC_ESTIMATORS | BASELINE_ESTIMATORS]
+    assert {"opo", "grpo_passk"} <= set(rows)
+    assert len(fig["data"]) == len(rows) * len(POLICY_LOSSES)
     rloo = next(t for t in fig["data"] if t["name"] == "rloo x clip")
     assert values(rloo["x"]) == [0, 1, 2]
     own = next(t for t in fig["data"] if t["name"].endswith("(this run)"))
@@ -279,7 +287,7 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     np.testing.assert_allclose(values(dr["y"]), values(rl["y"]), atol=1e-6, equal_nan=True)
     assert not np.isnan(values(dr["y"])).all()
     heat = chart(at, "lens_heatmap")["data"][0]
-    assert heat["x"] == ["clip", "gspo", "cispo", "reinforce"]
+    assert heat["x"] == list(POLICY_LOSSES.names()) and heat["y"] == rows
 
 
 def test_lens_lab_shows_the_run_it_just_launched(lab_home):
@@ -321,3 +329,167 @@ def test_known_biases_are_each_presets_own(lab_home, url, std_note):
     assert ("Std normalisation rescales each group" in text) is std_note
     if url == "walkthrough-ppo":
         assert any("Neither known bias applies to the ppo preset" in c.value for c in at.caption)
+
+
+# ---- registry walkthroughs ------------------------------------------------------------------
+
+def test_every_registered_name_has_a_walkthrough_page():
+    """The navigation (torch-free, from core.choices) and the live registries list the same pages."""
+    from workbench.core import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from workbench.ui.labs import LAB_PAGES
+    from workbench.ui.labs.estimators import component_pages
+    from workbench.ui.labs.explanations import page_url
+
+    nav = [u for _, _, u in LAB_PAGES if u.startswith(("walkthrough-adv-", "walkthrough-loss-"))]
+    expected = [page_url("advantage", n) for n in ADVANTAGE_ESTIMATORS] + [page_url("policy_loss", n) for n in POLICY_LOSSES]
+    assert nav == expected == [u for _, _, u in component_pages()]
+    assert "walkthrough-loss-sapo" in nav and "walkthrough-adv-grpo-passk" in nav
+
+
+def component(url: str) -> AppTest:
+    """A registry walkthrough looked up in the live registries (names registered by a test included)."""
+    script = ("from workbench.ui.labs.estimators import component_pages\n"
+              f"{{u: f for f, t, u in component_pages()}}[{url!r}]()\n")
+    return AppTest.from_string(script, default_timeout=60)
+
+
+def _example(at):
+    """The worked example's table: per-token advantages (A_t0 ...) or per-token loss rows."""
+    return next(d.value for d in at.dataframe if {"A_t0"} & set(d.value.columns) or "-d loss / d log pi" in d.value.columns)
+
+
+def test_walkthrough_values_are_the_core_functions_for_every_registered_name(home):
+    from workbench.core import (ADVANTAGE_ESTIMATORS, BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, POLICY_LOSSES,
+                                REWARD_DTYPE, AdvantageConfig, compute_advantages, compute_policy_loss)
+    from workbench.core.choices import PolicyLossConfig
+    from workbench.ui.labs.estimators import explanation, knob_start
+    from workbench.ui.labs.explanations import page_url
+
+    lengths = [2, 4, 3, 1, 2, 2, 4, 3]
+    mask = (torch.arange(4)[None] < torch.tensor(lengths)[:, None]).to(REWARD_DTYPE)
+    rewards = torch.tensor([1, 0, 0, 0, 1, 1, 1, 0], dtype=REWARD_DTYPE)
+    for name in ADVANTAGE_ESTIMATORS.names():
+        at = component(page_url("advantage", name)).run()
+        assert not at.exception and not at.error, (name, at.exception, [e.value for e in at.error])
+        # the knobs start at the preset's values (PPO: lambda 0.95); G 4, no in-reward KL, no whitening
+        start = knob_start("advantage", explanation("advantage", name))
+        cfg = AdvantageConfig(group_size=4, **{k: getattr(start, k) for k in explanation("advantage", name).knobs
+                                               if k not in ("group_size", "kl_coef")})
+        core = compute_advantages(name, rewards, mask, cfg,
+                                  values=0.5 * mask if name in CRITIC_ESTIMATORS else None,
+                                  baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if name in BASELINE_ESTIMATORS else None)
+        shown = _example(at)[[f"A_t{t}" for t in range(4)]].to_numpy()
+        np.testing.assert_array_equal(np.nan_to_num(shown.astype(float)), core.advantages.double().numpy(), err_msg=name)
+    d = torch.tensor([[0.0, 0.1, 0.5, 0.0], [-0.3, -0.05, 0.2, 1.0]], dtype=torch.float64)
+    lmask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float64)
+    old = math.log(0.1) * lmask
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64) * lmask
+    for name in POLICY_LOSSES.names():
+        at = component(page_url("policy_loss", name)).run()
+        assert not at.exception and not at.error, (name, at.exception, [e.value for e in at.error])
+        logp = (old + d).requires_grad_(True)
+        e = explanation("policy_loss", name)
+        cfg = PolicyLossConfig(**{k: getattr(knob_start("policy_loss", e), k) for k in e.knobs})
+        loss, _ = compute_policy_loss(name, logp, old, adv, lmask, cfg)
+        (grad,) = torch.autograd.grad(-loss.sum(), logp)
+        table = _example(at)
+        if name != "clip_cov":  # its random draw (cov_seed None) is the global generator's
+            assert table["loss"].tolist() == loss.detach()[lmask.bool()].tolist(), name
+            assert table["-d loss / d log pi"].tolist() == grad[lmask.bool()].tolist(), name
+        assert at.get("latex") and at.code[0].value.count("@POLICY_LOSSES.register") >= 1, name
+    # e.g. GMPO starts at its preset's eps 0.4 on the log-ratio, not PolicyLossConfig's 0.2
+    at = component("walkthrough-loss-gmpo").run()
+    assert at.number_input(key="wt_gmpo_eps_low").value == 0.4
+
+
+def test_sapo_walkthrough_knobs_drive_the_example_and_its_ratio_curve(home):
+    at = component("walkthrough-loss-sapo").run()
+    knobs = next(d.value for d in at.dataframe if "recipe key" in d.value.columns).set_index("knob")
+    assert knobs.loc["sapo_tau_neg", "recipe key"] == "algorithm.sapo_tau_neg" and knobs.loc["sapo_tau_neg", "default"] == "1.05"
+    assert "TRL sapo_temperature_neg" in knobs.loc["sapo_tau_neg", "what it does"]
+    # sequence 1 (A = -1), token 3: log-ratio 1.0, tau_neg: loss = -(4 / tau) sigmoid(tau (e - 1)) A
+    for tau in (1.05, 3.0):
+        at.number_input(key="wt_sapo_sapo_tau_neg").set_value(tau).run()
+        s = 1 / (1 + math.exp(-tau * (math.e - 1)))
+        assert _example(at)["loss"].tolist()[-1] == pytest.approx(4 / tau * s)
+    curve = chart(at, "wt_sapo_curve")
+    assert {t["name"] for t in curve["data"]} == {"SAPO"}
+    assert not chart(at, "wt_sapo_curve")["layout"].get("shapes")  # no clip bands on a soft gate
+    assert at.button(key="wt_sapo_launch")
+    at.text_area(key="wt_sapo_lr").input("0.1, x").run()
+    assert "log-ratios line 1='0.1, x'" in at.error[0].value
+
+
+def test_a_newly_registered_estimator_and_loss_get_their_walkthroughs(home):
+    """Registering a function is all it takes: its page, from its docstring and the config fields
+    its source reads, with the worked example computed by it."""
+    from workbench.core import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, Advantages, compute_policy_loss
+    from workbench.core.choices import PolicyLossConfig
+
+    def doubled(rewards, mask, cfg, *, kl=None, values=None):
+        """Doubled rewards, shifted: A_i = 2 r_i + gamma on every token (a test's estimator)."""
+        adv = (2 * rewards + cfg.gamma)[:, None] * mask
+        return Advantages(adv, adv)
+
+    def tripled(logp, old_logp, advantages, mask, cfg):
+        """Three times REINFORCE, scaled by eps_high (a test's loss)."""
+        loss, diag = POLICY_LOSSES.get("reinforce")(logp, old_logp, advantages, mask, cfg)
+        return 3 * cfg.eps_high * loss, diag
+
+    ADVANTAGE_ESTIMATORS.register("test_doubled")(doubled)
+    POLICY_LOSSES.register("test_tripled")(tripled)
+    try:
+        at = component("walkthrough-adv-test-doubled").run()
+        assert not at.exception
+        assert at.title[0].value == "Estimator walkthrough: test_doubled"
+        assert any("Doubled rewards, shifted" in m.value for m in at.markdown)
+        knobs = next(d.value for d in at.dataframe if "recipe key" in d.value.columns)
+        assert knobs["knob"].tolist() == ["gamma"] and knobs["recipe key"].tolist() == ["algorithm.gamma"]
+        at.number_input(key="wt_test_doubled_gamma").set_value(0.5).run()
+        assert _example(at)["A_t0"].tolist() == [2.5, 0.5, 0.5, 0.5, 2.5, 2.5, 2.5, 0.5]
+        assert "algorithm.advantage='test_doubled'" in at.error[0].value  # the recipe knows no such name: no launch
+        at = component("walkthrough-loss-test-tripled").run()
+        assert not at.exception
+        at.number_input(key="wt_test_tripled_eps_high").set_value(0.5).run()
+        table = _example(at)
+        logp = torch.tensor([[math.log(0.1)] * 3], dtype=torch.float64) + torch.tensor([[0.0, 0.1, 0.5]], dtype=torch.float64)
+        expected, _ = compute_policy_loss("test_tripled", logp, torch.full_like(logp, math.log(0.1)), torch.ones_like(logp),
+                                          torch.ones_like(logp), PolicyLossConfig(eps_high=0.5))
+        assert table["loss"].tolist()[:3] == expected[0].tolist()  # -1.5 A logp
+        assert table["-d loss / d log pi"].tolist() == [1.5] * 3 + [-1.5] * 4
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister("test_doubled")
+        POLICY_LOSSES.unregister("test_tripled")
+
+
+def test_ppo_lab_draws_every_loss_flagged_with_a_ratio_curve(home):
+    from workbench.core import POLICY_LOSSES
+    from workbench.ui.labs.explanations import POLICY_LOSS_EXPLANATIONS
+
+    at = lab("lab-ppo-regions").run()
+    flagged = [n for n in POLICY_LOSSES.names() if POLICY_LOSS_EXPLANATIONS[n].ratio_curve]
+    assert list(at.multiselect(key="ppo_losses").options) == [POLICY_LOSS_EXPLANATIONS[n].title for n in flagged]
+    assert set(flagged) == {"clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "gpg"}
+    at.multiselect(key="ppo_losses").set_value(["sapo"]).run()
+    sapo = [t for t in chart(at, "ppo_analytic")["data"] if t["name"] == "SAPO"]
+    x, grad = values(sapo[1]["x"]), values(sapo[1]["y"])  # A > 0, gradient column
+    s = 1 / (1 + math.exp(-(x[-1] - 1)))
+    assert grad[-1] == pytest.approx(4 * s * (1 - s) * x[-1])  # tau_pos 1, |A| 1
+    at.slider(key="ppo_sapo_pos").set_value(5.0).run()
+    grad = values([t for t in chart(at, "ppo_analytic")["data"] if t["name"] == "SAPO"][1]["y"])
+    s = 1 / (1 + math.exp(-5.0 * (x[-1] - 1)))
+    assert grad[-1] == pytest.approx(4 * s * (1 - s) * x[-1])
+
+
+def test_aggregation_lab_through_a_policy_loss(home):
+    at = lab("lab-aggregation").run()
+    assert not at.exception
+    on_policy = chart(at, "agg_loss_fig")
+    assert values(on_policy["data"][1]["y"])[:1] == pytest.approx([0.25])  # seq-mean-token-mean: the book's 0.25
+    at.selectbox(key="agg_loss").select("sapo")
+    at.slider(key="agg_log_ratio").set_value(0.5).run()
+    fig = chart(at, "agg_loss_fig")
+    r = math.exp(0.5)
+    s = 1 / (1 + math.exp(-(r - 1)))
+    mean_mean = next(t for t in fig["data"] if t["name"] == "seq-mean-token-mean")
+    assert values(mean_mean["y"])[0] == pytest.approx(2 / 8 * 4 * s * (1 - s) * r)

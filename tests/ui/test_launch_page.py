@@ -155,13 +155,48 @@ def test_launch_a_comparison_group_records_runs(home, store, cleanup):
     assert "grpo-vs-rloo" in at.success[0].value
 
 
-def test_quick_comparison_launches_grpo_rloo_ppo(home, store, cleanup):
+def test_quick_comparison_launches_grpo_rloo_ppo_with_three_seeds_each(home, store, cleanup):
     at = page("launch_page").run()
     at.button(key="quick_compare").click().run()
     assert not at.exception and not at.error
     runs = store.list_runs()
-    assert sorted(runs["algorithm"]) == ["grpo", "ppo", "rloo"]
     assert runs["group"].nunique() == 1 and runs["group"][0].startswith("quick-")
+    assert sorted(zip(runs["arm"], runs["seed"])) == [(arm, seed) for arm in ("grpo", "ppo", "rloo") for seed in (0, 1, 2)]
+    assert sorted(runs["algorithm"]) == ["grpo"] * 3 + ["ppo"] * 3 + ["rloo"] * 3
+
+
+def test_seeds_and_a_sweep_launch_every_combination(home, store, cleanup):
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.steps").input("1").run()
+    at.number_input(key="launch_seeds").set_value(2).run()
+    assert at.button(key="launch_go").label == "Launch 2 runs (1 arm x 2 seeds)"
+    at.multiselect(key="launch_sweep_fields").select("algorithm.eps_high").run()
+    at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, 0.28").run()
+    assert not at.error
+    assert at.button(key="launch_go").label == "Launch 4 runs (2 arms x 2 seeds)"
+    at.button(key="launch_go").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    runs = store.list_runs()
+    assert sorted(zip(runs["arm"], runs["seed"])) == [("grpo · eps_high=0.2", 0), ("grpo · eps_high=0.2", 1),
+                                                      ("grpo · eps_high=0.28", 0), ("grpo · eps_high=0.28", 1)]
+    assert set(runs["group"]) == {"grpo-sweep-x2"}
+    for run_id in runs["id"]:
+        run = store.get_run(run_id)
+        recipe = Recipe.from_yaml(run["recipe"])
+        assert (recipe.algorithm.eps_high, recipe.train.seed) == (run["sweep"]["algorithm.eps_high"], run["seed"])
+
+
+def test_an_invalid_sweep_value_names_the_combination_and_launches_nothing(home, store):
+    at = page("launch_page").run()
+    at.multiselect(key="launch_sweep_fields").select("algorithm.eps_high").run()
+    at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, -1").run()
+    [error] = [e.value for e in at.error]
+    assert error.startswith("arm 'grpo · eps_high=-1' seed 0 is not allowed: ")
+    assert "algorithm.eps_high=-1" in error
+    assert at.button(key="launch_go").disabled
+    at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, [").run()
+    assert [e.value for e in at.error][0].startswith("sweep 'algorithm.eps_high=0.2, [': the values are not a valid YAML list")
+    assert at.button(key="launch_go").disabled and store.list_runs().empty
 
 
 def test_quick_comparison_says_what_it_launched_and_a_second_click_launches_nothing(home, store, cleanup):
@@ -174,7 +209,7 @@ def test_quick_comparison_says_what_it_launched_and_a_second_click_launches_noth
     button = at.button(key="quick_compare")
     assert button.disabled and group in button.help  # while the group's runs are active: no second group
     at.run()
-    assert at.button(key="quick_compare").disabled and len(store.list_runs()) == 3
+    assert at.button(key="quick_compare").disabled and len(store.list_runs()) == 9
 
 
 def test_a_single_launch_says_watch_it(home, store, cleanup):

@@ -154,3 +154,51 @@ def test_manage_selector_names_runs_without_a_status_that_could_go_stale(home, s
     assert set(at.selectbox(key="runs_selected").options) == {f"alpha · {a}", f"beta · {b}", f"gamma · {c}"}
     at.selectbox(key="runs_selected").select(c).run()
     assert any(m.value.startswith("Status: **failed**") for m in at.markdown)
+
+
+def test_resume_button_only_for_failed_cancelled_or_lost_runs_and_it_relaunches_the_same_run(home, store):
+    """Resume is offered for failed / cancelled / lost runs; it queues the same run (same id, row
+    and run dir) again and starts `train --resume RUN_DIR` as a real detached process."""
+    from workbench import runs as wr
+
+    a, b, c = seed(store)  # alpha, beta finished; gamma failed
+    lost = add_run(store, preset="grpo", name="delta", steps=2, total=4, status="lost")
+    at = page("runs_page").run()
+    for run_id, enabled in ((a, False), (b, False), (c, True), (lost, True)):
+        at.selectbox(key="runs_selected").select(run_id).run()
+        assert at.button(key="runs_resume").disabled is not enabled, run_id
+    assert at.button(key="runs_resume").help == "Start this run again in the same run (no checkpoint yet: from step 0)"
+    at.selectbox(key="runs_selected").select(c).run()
+    at.button(key="runs_resume").click().run()
+    assert not at.exception, at.exception
+    run = store.get_run(c)
+    try:
+        assert run["status"] in ("starting", "running") and run["error"] is None and run["launch"]["resume"] is True
+        assert run["handle"]["command"].endswith(f"-m workbench train --resume {run['run_dir']}")
+        assert [r["id"] for r in store.runs()] == [a, b, c, lost]  # no new run
+    finally:
+        wr.cancel(c, store=store, grace_s=5)
+
+
+def test_runs_and_export_pages_show_where_the_trained_model_is(home, store):
+    a, b, c = seed(store)
+    final = home / "runs" / b / "final"
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    checkpoint = home / "runs" / c / "checkpoints" / "step-00000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    at = page("runs_page").run()
+    at.selectbox(key="runs_selected").select(b).run()
+    assert any(m.value.startswith(f"Trained model: `{final}`") for m in at.markdown)
+    at.selectbox(key="runs_selected").select(c).run()
+    assert any(m.value == f"Newest checkpoint: step 2 · `{checkpoint}`" for m in at.markdown)
+    assert at.button(key="runs_resume").help == f"Continue this run at step 3, from its checkpoint {checkpoint}"
+    at.selectbox(key="runs_selected").select(a).run()
+    assert not any("Trained model" in m.value or "checkpoint" in m.value for m in at.markdown)
+
+    export = page("export_page").run()
+    export.selectbox(key="export_run_select").select(b).run()
+    assert any(c.value.startswith(f"Trained model: `{final}`") for c in export.caption)
+    export.selectbox(key="export_run_select").select(a).run()
+    assert any(c.value.startswith("Trained model: none yet") for c in export.caption)

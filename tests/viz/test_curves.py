@@ -129,3 +129,11 @@ def test_legend_sits_above_the_plot_away_from_the_x_axis_title():
         legend_bottom_px = (legend["y"] - 1.0) * plot_px  # above the plot area
         title_px = (1.0 - layout["title"]["y"]) * layout["height"] + layout["title"]["font"]["size"] * 1.5
         assert legend_bottom_px + 20 + title_px <= top_px  # one legend row (~20 px) and the title fit
+
+
+def test_a_constant_metric_is_drawn_flat_after_smoothing():
+    """reward_std = 0.3 at every step: its EMA differed from 0.3 by ~1e-17 at some steps, and
+    plotly's autorange zoomed into that noise (a flat line drawn as a saw-tooth)."""
+    df = pd.DataFrame({"run_id": "a", "step": range(20), "time": 0.0, "reward": 0.3})
+    smooth = spec(metric_figure(df, "reward", smoothing=0.6))["data"][1]
+    assert smooth["y"] == [0.3] * 20

@@ -58,12 +58,17 @@ def test_cispo_gradient_never_zero_and_gspo_clips_its_sequence_ratio():
     assert g.tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0])
 
 
+THREE = {"PPO clip": ("clip", CFG), "GSPO": ("gspo", PolicyLossConfig(0.05, 0.05)), "CISPO": ("cispo", PolicyLossConfig(1.0, 0.28))}
+
+
 def test_analytic_figure_traces_and_six_shaded_regions():
-    curves = reg.analytic_curves(CFG, gspo=PolicyLossConfig(0.05, 0.05), cispo=PolicyLossConfig(1.0, 0.28), ratios=RATIOS)
+    curves = reg.analytic_curves(THREE, ratios=RATIOS)
     assert len(curves) == 3 * 2 * 4
     fig = json.loads(reg.analytic_figure(curves, CFG).to_json())
     assert len(fig["data"]) == 3 * 2 * 2  # losses x signs x (objective, gradient)
-    assert {t["name"] for t in fig["data"]} == {"PPO clip", "GSPO (sequence ratio s)", "CISPO (surrogate)"}
+    assert [t["name"] for t in fig["data"]][:3] == ["PPO clip", "PPO clip", "GSPO"]
+    assert {t["name"] for t in fig["data"]} == {"PPO clip", "GSPO", "CISPO"}
+    assert len({t["line"]["color"] for t in fig["data"]}) == 3  # one colour per loss
     # A > 0: cases 1-3; A < 0: cases 4, 5, 6 and the dual-clip part of 6; each on both columns
     assert len(fig["layout"]["shapes"]) == (3 + 4) * 2
     labels = [a.get("text", "") for a in fig["layout"]["annotations"] if ":" in a.get("text", "")]
@@ -77,11 +82,46 @@ def test_analytic_figure_traces_and_six_shaded_regions():
 def test_every_annotation_of_the_analytic_figure_has_text():
     """An annotation without text is drawn by plotly.js as its placeholder "new text" (it was in
     every shaded region of the gradient plots): each annotation carries its own label."""
-    curves = reg.analytic_curves(CFG, gspo=PolicyLossConfig(0.05, 0.05), cispo=PolicyLossConfig(1.0, 0.28), ratios=RATIOS)
+    curves = reg.analytic_curves(THREE, ratios=RATIOS)
     annotations = json.loads(reg.analytic_figure(curves, CFG).to_json())["layout"]["annotations"]
     assert all(str(a.get("text") or "").strip() for a in annotations), [a for a in annotations if not a.get("text")]
     region_labels = [a["text"] for a in annotations if ":" in a["text"]]
     assert len(region_labels) == 3 + 4  # one per shaded region, on the objective column only
+
+
+def test_sapo_soft_gate_against_the_ratio_by_hand():
+    """SAPO (tau 1.0 / 1.05): J = (4 / tau) sigmoid(tau (R - 1)) A, dJ/dlog pi = 4 s (1 - s) R A:
+    the policy gradient A at R = 1, fading on both sides, never exactly 0 (the clip's is 0 above 1.28)."""
+    def sig(x):
+        return 1 / (1 + math.exp(-x))
+
+    cfg = PolicyLossConfig()
+    for a, tau in ((1.0, 1.0), (-1.0, 1.05)):
+        obj, grad = reg.objective_and_gradient("sapo", RATIOS, a, cfg)
+        s = [sig(tau * (r - 1)) for r in RATIOS.tolist()]
+        assert obj.tolist() == pytest.approx([4 / tau * si * a for si in s], rel=1e-12)
+        assert grad.tolist() == pytest.approx([4 * si * (1 - si) * r * a for si, r in zip(s, RATIOS.tolist())], rel=1e-12)
+    _, grad = reg.objective_and_gradient("sapo", RATIOS, 1.0, cfg)
+    assert grad[1] == pytest.approx(1.0) and all(g > 0 for g in grad.tolist())
+
+
+def test_gmpo_clips_the_log_ratio_of_a_one_token_sequence_by_hand():
+    """GMPO, one token: J = A exp(clip(log R, -0.4, 0.4)) where the clip is on A's side; gradient
+    A R inside, 0 once the log-ratio passed 0.4 (A > 0) or -0.4 (A < 0)."""
+    cfg = PolicyLossConfig(eps_low=0.4, eps_high=0.4)
+    top, bottom = math.exp(0.4), math.exp(-0.4)  # 1.4918, 0.6703
+    obj, grad = reg.objective_and_gradient("gmpo", RATIOS, 1.0, cfg)  # R = 0.5, 1, 1.5, 2.5
+    assert obj.tolist() == pytest.approx([0.5, 1.0, top, top])
+    assert grad.tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0])
+    obj, grad = reg.objective_and_gradient("gmpo", RATIOS, -1.0, cfg)
+    assert obj.tolist() == pytest.approx([-bottom, -1.0, -1.5, -2.5])
+    assert grad.tolist() == pytest.approx([0.0, -1.0, -1.5, -2.5])
+
+
+def test_analytic_figure_without_a_clip_config_is_unshaded():
+    curves = reg.analytic_curves({"SAPO": ("sapo", PolicyLossConfig())}, ratios=RATIOS)
+    fig = json.loads(reg.analytic_figure(curves).to_json())
+    assert not fig["layout"].get("shapes") and [t["name"] for t in fig["data"]] == ["SAPO"] * 4
 
 
 def test_region_bands_use_the_smaller_of_dual_clip_and_delta():
@@ -363,3 +403,121 @@ def test_lens_frame_and_figures():
     assert values(heat["z"]) == [[1.0, 1.0], [0.5, 0.5]]
     with pytest.raises(ValueError, match="lens metric='nope'"):
         lensv.lens_over_run_figure(frame, "nope")
+
+
+# ---- registry walkthroughs: worked examples are the core function on the same batch ---------
+
+EXAMPLE_REWARDS = [1, 0, 0, 0, 1, 1, 1, 0]
+EXAMPLE_LENGTHS = [2, 4, 3, 1, 2, 2, 4, 3]
+
+
+def example_batch():
+    from workbench.core import REWARD_DTYPE
+
+    mask = torch.zeros(8, 4, dtype=REWARD_DTYPE)
+    for i, n in enumerate(EXAMPLE_LENGTHS):
+        mask[i, :n] = 1
+    return torch.tensor(EXAMPLE_REWARDS, dtype=REWARD_DTYPE), mask
+
+
+def test_advantage_example_is_compute_advantages_for_every_registered_estimator():
+    from workbench.core import ADVANTAGE_ESTIMATORS, BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, AdvantageConfig, compute_advantages
+
+    r, mask = example_batch()
+    cfg = AdvantageConfig(group_size=4)
+    for name in ADVANTAGE_ESTIMATORS.names():
+        extra = {"values": [0.5] * 8} if name in CRITIC_ESTIMATORS else {}
+        extra |= {"baselines": [0, 0, 0, 0, 1, 1, 1, 1]} if name in BASELINE_ESTIMATORS else {}
+        table = est.advantage_example(name, EXAMPLE_REWARDS, EXAMPLE_LENGTHS, cfg, **extra)
+        core = compute_advantages(name, r, mask, cfg, values=0.5 * mask if "values" in extra else None,
+                                  baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if "baselines" in extra else None)
+        shown = torch.tensor(table[[f"A_t{t}" for t in range(4)]].fillna(0.0).to_numpy())
+        assert torch.equal(shown, core.advantages.double()), name
+        assert table[[f"A_t{t}" for t in range(4)]].isna().to_numpy().tolist() == (mask == 0).tolist(), name
+
+
+def test_advantage_example_opo_and_pass_at_k_by_hand():
+    # OPO: group 0 rewards 1,0,0,0 lengths 2,4,3,1: b = 2 / 10 = 0.2; group 1 rewards 1,1,1,0
+    # lengths 2,2,4,3: b = 8 / 11
+    t = est.advantage_example("opo", EXAMPLE_REWARDS, EXAMPLE_LENGTHS, est.AdvantageConfig(group_size=4))
+    b1 = 8 / 11
+    assert t["A_t0"].tolist() == pytest.approx([0.8, -0.2, -0.2, -0.2, 1 - b1, 1 - b1, 1 - b1, -b1])
+    assert t["A_t3"].isna().tolist() == [True, False, True, True, True, True, False, True]
+    # pass@k: only the best of each group; group 0 margin 1 - 0 over std 0.5 = 2, group 1: ties for the best -> 0
+    t = est.advantage_example("grpo_passk", EXAMPLE_REWARDS, EXAMPLE_LENGTHS, est.AdvantageConfig(group_size=4, eps=0.0))
+    assert t["A_t0"].tolist() == [2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="lengths has 2 entries but rewards has 8"):
+        est.advantage_example("opo", EXAMPLE_REWARDS, [1, 2], est.AdvantageConfig(group_size=4))
+
+
+LOSS_SEQS = [[0.0, 0.1, 0.5], [-0.3, -0.05, 0.2, 1.0]]
+
+
+def test_policy_loss_example_is_compute_policy_loss_for_every_registered_loss():
+    from workbench.core import POLICY_LOSSES
+
+    d = torch.tensor([[0.0, 0.1, 0.5, 0.0], [-0.3, -0.05, 0.2, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float64)
+    old = math.log(0.1) * mask
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64) * mask
+    cfg = PolicyLossConfig(cov_seed=0)
+    for name in POLICY_LOSSES.names():
+        table, metrics = est.policy_loss_example(name, LOSS_SEQS, [1, -1], cfg)
+        logp = (old + d).requires_grad_(True)
+        loss, diag = compute_policy_loss(name, logp, old, adv, mask, cfg)
+        (grad,) = torch.autograd.grad(-loss.sum(), logp)
+        valid = mask.bool()
+        assert table["loss"].tolist() == loss.detach()[valid].tolist(), name
+        assert table["-d loss / d log pi"].tolist() == grad[valid].tolist(), name
+        assert table["zero grad"].tolist() == diag.zero_grad[valid].tolist(), name
+        assert metrics == {k: float(v) for k, v in diag.metrics.items()}, name
+
+
+def test_policy_loss_example_sapo_by_hand():
+    table, metrics = est.policy_loss_example("sapo", [[0.0, 0.5]], [1.0], PolicyLossConfig())
+    r = math.exp(0.5)
+    s = 1 / (1 + math.exp(-(r - 1)))
+    assert table["loss"].tolist() == pytest.approx([-2.0, -4 * s])  # -(4 / tau) sigmoid(tau (R - 1)) A, tau = 1
+    assert table["-d loss / d log pi"].tolist() == pytest.approx([1.0, 4 * s * (1 - s) * r])
+    assert table["region"].tolist() == ["trust", "trust"]
+    assert metrics["sapo/gate_mean"] == pytest.approx((1 + 4 * s * (1 - s) * r) / 2)
+    with pytest.raises(ValueError, match=r"each must be <= 2.3026"):
+        est.policy_loss_example("sapo", [[3.0]], [1.0], PolicyLossConfig())
+
+
+def test_knobs_read_finds_the_config_fields_a_source_reads():
+    from workbench.core import AdvantageConfig
+
+    def scaled(rewards, mask, cfg, *, kl=None, values=None):
+        return rewards * cfg.eps + cfg.gamma, cfg.not_a_field
+
+    assert est.knobs_read(scaled, AdvantageConfig) == ("eps", "gamma")  # in field order, real fields only
+
+
+# ---- aggregation with a policy loss -------------------------------------------------------
+
+def test_every_loss_at_ratio_one_weighs_tokens_as_its_aggregation():
+    """On-policy every registered loss hands each token its advantage, so the per-token gradient
+    through loss + aggregation equals the aggregation lab's dL/dR (the book's numbers)."""
+    from workbench.core import POLICY_LOSSES
+
+    book = agg.aggregation_table(agg.BOOK_EXAMPLE, max_len=7).set_index(["mode", "seq", "token"])["grad_wrt_ratio"]
+    for name in POLICY_LOSSES.names():
+        t = agg.loss_gradient_table(name, agg.BOOK_EXAMPLE, 7).set_index(["mode", "seq", "token"])["grad_logp"]
+        assert t.tolist() == pytest.approx(book.loc[t.index].tolist(), rel=1e-12), name
+    first = agg.loss_gradient_table("gmpo", agg.BOOK_EXAMPLE, 7).groupby(["mode", "seq"])["grad_logp"].first()
+    assert first["seq-mean-token-mean"].tolist() == pytest.approx([0.25, 1 / 7])
+
+
+def test_off_policy_the_losses_part_by_hand():
+    r = math.exp(0.5)
+    s = 1 / (1 + math.exp(-(r - 1)))
+    sapo = agg.loss_gradient_table("sapo", agg.BOOK_EXAMPLE, 7, log_ratio=0.5).groupby(["mode", "seq"])["grad_logp"].first()
+    # weight 1/8 (4 tokens, seq-mean-token-mean, B = 2) x gate 4 s (1 - s) R x A = 2
+    assert sapo["seq-mean-token-mean"].tolist() == pytest.approx([2 / 8 * 4 * s * (1 - s) * r, 2 / 14 * 4 * s * (1 - s) * r])
+    clip = agg.loss_gradient_table("clip", agg.BOOK_EXAMPLE, 7, log_ratio=0.5)
+    assert clip["grad_logp"].tolist() == [0.0] * len(clip)  # R = 1.65 > 1.2 with A > 0: every token clipped
+    cispo = agg.loss_gradient_table("cispo", agg.BOOK_EXAMPLE, 7, log_ratio=0.5).groupby(["mode", "seq"])["grad_logp"].first()
+    assert cispo["token-mean"].tolist() == pytest.approx([2 / 11 * 1.2] * 2)  # weight capped at 1 + eps_high
+    fig = json.loads(agg.aggregation_figure(clip, "grad_logp").to_json())
+    assert fig["layout"]["yaxis"]["title"]["text"] == "dJ / d log pi per token"

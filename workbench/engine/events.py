@@ -3,7 +3,8 @@
 Kinds: ``status`` (state changes), ``metrics`` (one line per step), ``samples`` (a few
 prompt/completion/reward rows), ``diagnostics`` (per-token ratio, advantage, mask, region for a
 subset of the batch), ``lens`` (the same-batch lens, every ``logging.lens_every`` steps; see
-``workbench/engine/lens.py``) and ``error``. Every line carries ``kind``, ``step`` and ``time``; ingest is
+``workbench/engine/lens.py``), ``error`` and ``resume`` (a resumed attempt starts again at
+its step: the store drops that step and later ones of the attempt before; see checkpoint.py). Every line carries ``kind``, ``step`` and ``time``; ingest is
 idempotent by (run, step, kind). The same lines can be mirrored to stdout (remote runs).
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 EVENTS_FILE = "events.jsonl"
-EVENT_KINDS = ("status", "metrics", "samples", "diagnostics", "lens", "error")
+EVENT_KINDS = ("status", "metrics", "samples", "diagnostics", "lens", "error", "resume")
 STDOUT_PREFIX = "@@wb "  # marks event lines among other stdout output
 
 

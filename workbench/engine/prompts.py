@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.model_facts import merge_eos_ids  # noqa: F401  (one rule for the validator and the engine)
+
 Message = dict[str, Any]
 Prompt = str | list[Message]
 
@@ -104,20 +106,6 @@ def encode_prompts(
     full = [tokenizer(t, add_special_tokens=isinstance(p, str))["input_ids"] for t, p in zip(texts, prompts)]
     kept = [left_truncate(ids, max_prompt_length) for ids in full]
     return EncodedPrompts(texts, kept, sum(len(k) < len(f) for k, f in zip(kept, full)))
-
-
-def merge_eos_ids(tokenizer_eos: int | None, configured: int | Sequence[int] | None) -> list[int]:
-    """[tokenizer EOS, *configured EOS ids] without None or duplicates (order kept).
-
-    ``configured`` is a generation config's ``eos_token_id``: an int or a list (end-of-turn
-    tokens such as ``<|im_end|>``). The rule of TRL's GRPOTrainer (``self.eos_token_ids``).
-    """
-    configured = [configured] if isinstance(configured, int) else list(configured or [])
-    ids: list[int] = []
-    for i in [tokenizer_eos, *configured]:
-        if i is not None and int(i) not in ids:
-            ids.append(int(i))
-    return ids
 
 
 def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:

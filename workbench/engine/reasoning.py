@@ -37,9 +37,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.recipe import REASONING_GYM_PREFIX
+
 Row = dict[str, Any]
 
-REASONING_GYM_PREFIX = "reasoning_gym/"
 #: Eval rows come from seed + this: row i uses Random(seed + i), so any split shorter than the
 #: offset draws random streams disjoint from the train split's.
 EVAL_SEED_OFFSET = 1_000_000_000
@@ -165,6 +166,11 @@ class ReasoningGymTask:
     @property
     def reward_weights(self) -> tuple[float, ...]:
         return (1.0, float(self.format_weight)) if self.format_weight else (1.0,)
+
+    @property
+    def correct_reward(self) -> str:
+        """The verifier: a completion is correct when it scores 1.0 (held-out pass@k)."""
+        return "reasoning_gym"
 
     def reward_functions(self) -> list:
         """The reward callables, in the order of :attr:`reward_weights`."""

@@ -27,6 +27,8 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
+from workbench.engine.reasoning import REASONING_REWARDS
+
 if TYPE_CHECKING:  # torch is imported where rewards are scored: the app lists these functions without it
     import torch
 
@@ -143,6 +145,12 @@ def first_char(prompts: list[str], completions: list[str], completion_ids=None, 
         None if not letter else float(completion[:1] == str(letter)[:1])
         for completion, letter in zip(completions, letters, strict=True)
     ]
+
+
+# The reasoning-gym verifier, the <answer> format reward and math-verify (engine/reasoning.py,
+# which imports reasoning-gym and math-verify only when a reward is computed).
+for _name, _fn in REASONING_REWARDS.items():
+    register_reward(_name)(_fn)
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,8 +2,15 @@
 
 One contract: a backend is built once per run, ``ROLLOUT_BACKENDS.get(name)(model_path,
 precision=..., seed=...)`` (the recipe's ``train.rollout``), and then
-``backend.generate(policy, tokenizer, prompts, temperature=, top_p=, max_new_tokens=, seed=)``
-returns a ``Rollout`` sampled from the policy's *current* weights; ``backend.close()`` frees it.
+``backend.generate(policy, tokenizer, prompts, temperature=, top_p=, max_new_tokens=, seed=,
+system_prompt=, max_prompt_length=)`` returns a ``Rollout`` sampled from the policy's *current*
+weights; ``backend.close()`` frees it. ``temperature=0`` is greedy decoding (held-out eval).
+
+Both backends share the prompt side (:func:`encode_batch`): prompts in TRL's standard (text) or
+conversational (messages, rendered with the chat template) format, left-truncated to
+``max_prompt_length`` and left-padded with ``tokenizer.pad``; and the stop side: generation ends at
+any of the model's EOS / end-of-turn ids (:func:`workbench.engine.prompts.stop_token_ids`), and the
+completion mask covers the tokens up to and including the first of them.
 
 - ``hf``: transformers ``generate`` on the policy module itself (nothing to sync).
 - ``vllm``: an in-process vLLM engine that copies the policy's weights in before every
@@ -12,12 +19,14 @@ returns a ``Rollout`` sampled from the policy's *current* weights; ``backend.clo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
 from workbench.core import Registry, logprobs_from_logits
+from workbench.engine.prompts import Prompt, encode_prompts, stop_token_ids
 
 
 @dataclass
@@ -31,11 +40,13 @@ class Rollout:
     truncated: torch.Tensor  # (B,) bool: no EOS within L_max
     rollout_logp: torch.Tensor | None  # (B, T) log-probs as the rollout engine saw them
     completions: list[str]
+    prompts_truncated: int = 0  # how many of the B prompts lost tokens to max_prompt_length
 
 
 class RolloutBackend(Protocol):
-    def generate(self, model, tokenizer, prompts: list[str], *, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int) -> Rollout: ...
+    def generate(self, model, tokenizer, prompts: list[Prompt], *, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int, system_prompt: str | None = None,
+                 max_prompt_length: int | None = None) -> Rollout: ...
 
     def close(self) -> None: ...
 
@@ -44,13 +55,36 @@ class RolloutBackend(Protocol):
 ROLLOUT_BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend")
 
 
-def completion_mask_from_ids(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask up to and including the first EOS; (B, T) -> mask (B, T) float, truncated (B,) bool."""
-    is_eos = ids == eos_id
-    has_eos = is_eos.any(dim=1)
-    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, ids.shape[1], dtype=torch.long))
+def completion_mask_from_ids(ids: torch.Tensor, stop_ids: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask up to and including the first stop token (any of ``stop_ids``: EOS, end-of-turn);
+    (B, T) -> mask (B, T) float, truncated (B,) bool (no stop token within T)."""
+    stop = torch.as_tensor([stop_ids] if isinstance(stop_ids, int) else list(stop_ids), device=ids.device)
+    is_stop = torch.isin(ids, stop)
+    has_stop = is_stop.any(dim=1)
+    first = torch.where(has_stop, is_stop.int().argmax(dim=1), torch.full_like(has_stop, ids.shape[1], dtype=torch.long))
     positions = torch.arange(ids.shape[1], device=ids.device)[None]
-    return (positions <= first_eos[:, None]).float(), ~has_eos
+    return (positions <= first[:, None]).float(), ~has_stop
+
+
+def encode_batch(tokenizer, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
+                 max_prompt_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """B prompts of either TRL format -> (input_ids (B, P), attention_mask (B, P), number truncated):
+    rendered and left-truncated by ``encode_prompts``, left-padded by ``tokenizer.pad``."""
+    enc = encode_prompts(tokenizer, prompts, system_prompt=system_prompt, max_prompt_length=max_prompt_length)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        batch = tokenizer.pad({"input_ids": enc.input_ids}, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    return batch["input_ids"], batch["attention_mask"], enc.num_truncated
+
+
+def model_stop_ids(model, tokenizer) -> list[int]:
+    """The ids generation stops at for this policy: tokenizer EOS + generation config's (TRL's rule)."""
+    ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+    if not ids:
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no EOS token: generation could not stop")
+    return ids
 
 
 def valid_token_lists(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
@@ -64,37 +98,45 @@ def _pad_right(ids: torch.Tensor, length: int, pad_id: int) -> torch.Tensor:
     return torch.nn.functional.pad(ids, (0, length - ids.shape[1]), value=pad_id)
 
 
+def _sampling_kwargs(temperature: float, top_p: float) -> dict[str, Any]:
+    """``generate`` kwargs: temperature 0 -> greedy (argmax), else pure sampling (top_k off)."""
+    if temperature == 0:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+
+
 @torch.no_grad()
-def hf_generate(model, tokenizer, prompts: list[str], *, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> Rollout:
-    """transformers ``generate`` with KV cache and left padding; sampled with a seeded generator."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+def hf_generate(model, tokenizer, prompts: list[Prompt], *, temperature: float, top_p: float, max_new_tokens: int,
+                seed: int, system_prompt: str | None = None, max_prompt_length: int | None = None) -> Rollout:
+    """transformers ``generate`` with KV cache and left padding; sampled with a seeded generator
+    (greedy when ``temperature == 0``; its log-probs are then those of temperature 1)."""
+    input_ids, attention_mask, n_truncated = encode_batch(
+        tokenizer, prompts, system_prompt=system_prompt, max_prompt_length=max_prompt_length)
     device = next(model.parameters()).device
-    input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    stop_ids = model_stop_ids(model, tokenizer)
     torch.manual_seed(seed)
     was_training = model.training
     model.eval()
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=0,
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=stop_ids,
         return_dict_in_generate=True,
         output_logits=True,
+        **_sampling_kwargs(temperature, top_p),
     )
     model.train(was_training)
     P = input_ids.shape[1]
     completion_ids = _pad_right(out.sequences[:, P:], max_new_tokens, tokenizer.pad_token_id)
-    mask, truncated = completion_mask_from_ids(completion_ids, tokenizer.eos_token_id)
+    mask, truncated = completion_mask_from_ids(completion_ids, stop_ids)
     logits = torch.stack(out.logits, dim=1)  # (B, T', V) raw logits of each generated position
-    logp = logprobs_from_logits(logits, completion_ids[:, : logits.shape[1]], temperature)
+    logp = logprobs_from_logits(logits, completion_ids[:, : logits.shape[1]], temperature or 1.0)
     logp = _pad_right(logp, max_new_tokens, 0) * mask
     texts = tokenizer.batch_decode(valid_token_lists(completion_ids, mask), skip_special_tokens=True)
-    return Rollout(input_ids, attention_mask, completion_ids, mask.to(device), truncated, logp, texts)
+    return Rollout(input_ids, attention_mask, completion_ids, mask.to(device), truncated, logp, texts, n_truncated)
 
 
 @ROLLOUT_BACKENDS.register("hf")
@@ -105,7 +147,7 @@ class HFRollout:
     def __init__(self, model_path: str, *, precision: str, seed: int) -> None:
         pass
 
-    def generate(self, model, tokenizer, prompts: list[str], **sampling) -> Rollout:
+    def generate(self, model, tokenizer, prompts: list[Prompt], **sampling) -> Rollout:
         return hf_generate(model, tokenizer, prompts, **sampling)
 
     def close(self) -> None:

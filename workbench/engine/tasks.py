@@ -20,9 +20,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.reasoning import EVAL_SEED_OFFSET, ReasoningGymTask, is_reasoning_gym_task, reasoning_gym_task
 from workbench.engine.rewards import RewardFn, load_reward_function, reward_weights_for
 
 Row = dict[str, Any]
+#: Held-out prompts of a built-in task are the first distinct ones among this many x n rows.
+HELD_OUT_SCAN = 20
+
+
+def prompt_key(prompt: Any) -> str:
+    """A hashable identity of a prompt of either TRL format (text, or a list of messages)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def distinct_prompt_rows(rows: list[Row], n: int) -> list[Row]:
+    """The first ``n`` rows whose prompts differ (fewer when the rows hold fewer)."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        key = prompt_key(row["prompt"])
+        if key not in seen and len(out) < n:
+            seen.add(key)
+            out.append(row)
+    return out
 
 
 @dataclass(frozen=True)
@@ -42,6 +62,29 @@ class Task:
     reward_funcs: tuple[str, ...]
     reward_weights: tuple[float, ...]
     make_dataset: Callable[[int, int], list[Row]]
+
+    @property
+    def correct_reward(self) -> str:
+        """The verifier among the reward functions (the first, by convention of every built-in
+        task): a completion is correct when it returns 1.0, its maximum (held-out pass@k)."""
+        return self.reward_funcs[0]
+
+    def splits(self, n_train: int, n_eval: int, seed: int) -> tuple[list[Row], list[Row]]:
+        """(train rows, eval rows) with no prompt in both: eval = the first ``n_eval`` distinct
+        prompts of the stream ``seed + EVAL_SEED_OFFSET``, train = ``n_train`` rows of ``seed``
+        without them. A task with too few distinct prompts for that raises ValueError."""
+        eval_rows = distinct_prompt_rows(self.make_dataset(max(n_eval, 1) * HELD_OUT_SCAN, seed + EVAL_SEED_OFFSET), n_eval)
+        if len(eval_rows) < n_eval:
+            raise ValueError(
+                f"eval.num_prompts={n_eval}: task {self.name!r} yields only {len(eval_rows)} distinct prompts; "
+                "ask for fewer held-out prompts")
+        held_out = {prompt_key(row["prompt"]) for row in eval_rows}
+        train = [row for row in self.make_dataset(n_train, seed) if prompt_key(row["prompt"]) not in held_out]
+        if not train:
+            raise ValueError(
+                f"eval.num_prompts={n_eval}: task {self.name!r} has no prompt left to train on once the "
+                "held-out prompts are removed; ask for fewer held-out prompts or use eval.every=0")
+        return train, eval_rows
 
     def __post_init__(self) -> None:
         try:
@@ -231,7 +274,18 @@ def get_task(name: str) -> Task:
     try:
         return TASKS[name]
     except KeyError:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}") from None
+        raise ValueError(
+            f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}, or reasoning_gym/<dataset>"
+        ) from None
+
+
+def resolve_task(name: str, config: dict[str, Any] | None = None, *, system_prompt: str | None = None) -> Task | ReasoningGymTask:
+    """A built-in task, or the reasoning-gym task ``reasoning_gym/<dataset>`` configured by
+    ``config`` (its prompts' system message ``system_prompt``, default reasoning-gym's).
+    Both kinds offer reward_funcs, reward_weights, correct_reward and splits(n_train, n_eval, seed)."""
+    if is_reasoning_gym_task(name):
+        return reasoning_gym_task(name, config, system_prompt=system_prompt)
+    return get_task(name)
 
 
 # --------------------------------------------------------------------------------------------

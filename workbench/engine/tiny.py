@@ -7,7 +7,7 @@ prompt + reference completion + EOS, loss on the completion tokens only) on rows
 built-in task generators, so that sampling at temperature 1.0 earns a clearly non-zero but far
 from perfect verifiable reward and RL has room to improve.
 
-Anything other than ``tiny`` (a local directory or a hub id) is passed to ``from_pretrained``.
+Loading it (and any other model) goes through ``workbench.engine.models.load_policy``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
@@ -38,9 +36,8 @@ from transformers import (
 
 from workbench.engine.tasks import Row, get_task
 from workbench.home import confined_path, workbench_home
-from workbench.recipe import TINY_MAX_POSITIONS
+from workbench.model_facts import TINY_MAX_POSITIONS
 
-TINY_NAME = "tiny"
 #: Cache directory name; bump the suffix whenever the build recipe below changes.
 TINY_VERSION = "tiny-v1"
 
@@ -319,33 +316,3 @@ def ensure_tiny_model(home: Path | None = None) -> Path:
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
         return build_tiny_model(target)
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """``"tiny"`` -> the cached tiny model's directory (built if needed); else unchanged."""
-    if name_or_path == TINY_NAME:
-        return str(ensure_tiny_model())
-    return name_or_path
-
-
-def load_model_and_tokenizer(
-    name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, ready for batched generation.
-
-    The tokenizer pads on the left and always has a pad token (falling back to EOS when the
-    model ships none); the model's config and generation config get the same pad id.
-    """
-    path = resolve_model_path(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an EOS token")
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
-    if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer

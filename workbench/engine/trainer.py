@@ -45,13 +45,15 @@ from workbench.core import (
     token_objective,
     truncation_mask,
 )
-from workbench.engine.events import EventWriter, stdout_mirror
+from workbench.engine import checkpoint
+from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.lens import SameBatchLens
 from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function, reward_weights_for
 from workbench.engine.rollout import ROLLOUT_BACKENDS, valid_token_lists
-from workbench.engine.tasks import get_task, load_dataset_rows
-from workbench.engine.tiny import load_model_and_tokenizer, resolve_model_path
+from workbench.engine.evaluation import Evaluator, eval_due
+from workbench.engine.models import load_policy, resolve_model
+from workbench.engine.tasks import load_dataset_rows, resolve_task
 from workbench.recipe import Recipe
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -91,15 +93,29 @@ class StepBatch:
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if getattr(self, f.name) is not None})
 
 
-def load_rows(recipe: Recipe) -> list[dict[str, Any]]:
+def recipe_task(recipe: Recipe):
+    """The recipe's task (built-in or reasoning-gym, configured), or None for a dataset run without one."""
+    return resolve_task(recipe.task, recipe.task_config, system_prompt=recipe.system_prompt) if recipe.task else None
+
+
+def load_splits(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out eval rows; [] when eval is off). A dataset run's eval rows are
+    the first eval.num_prompts of eval.dataset; a task's come from its disjoint eval split."""
+    n_eval = recipe.eval.num_prompts if recipe.eval.enabled else 0
     if recipe.dataset:
-        return load_dataset_rows(recipe.dataset)
-    return get_task(recipe.task).make_dataset(TASK_DATASET_SIZE, recipe.train.seed)
+        held_out = load_dataset_rows(recipe.eval.dataset, limit=n_eval) if n_eval else []
+        return load_dataset_rows(recipe.dataset), held_out
+    return recipe_task(recipe).splits(TASK_DATASET_SIZE, n_eval, recipe.train.seed)
+
+
+def load_rows(recipe: Recipe) -> list[dict[str, Any]]:
+    """The training rows (held-out eval prompts removed when eval is on)."""
+    return load_splits(recipe)[0]
 
 
 def reward_setup(recipe: Recipe):
     """(functions, weights): the recipe's, else the task's defaults."""
-    task = get_task(recipe.task) if recipe.task else None
+    task = recipe_task(recipe)
     refs = list(recipe.reward_funcs) or (list(task.reward_funcs) if task else [])
     if not refs:
         raise ValueError("reward_funcs is empty and no task supplies defaults: name at least one reward function")
@@ -160,8 +176,10 @@ def _signals_cancel() -> Iterator[None]:
 class Trainer:
     """Holds the models, optimisers and event writer of one run."""
 
-    def __init__(self, recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False) -> None:
+    def __init__(self, recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False,
+                 resume: bool = False) -> None:
         self.recipe = recipe
+        self.resume = resume  # continue from run_dir's newest checkpoint (checkpoint.resume)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
@@ -178,6 +196,8 @@ class Trainer:
             raise ValueError(
                 f"sampling.prompts_per_step={recipe.sampling.prompts_per_step} must divide among {self.world} processes"
             )
+        if resume and self.accelerator.is_main_process:
+            checkpoint.drop_torn_tail(self.run_dir / EVENTS_FILE)  # a kill -9 mid-line: append on a line of its own
         self.events = EventWriter(self.run_dir, enabled=self.accelerator.is_main_process, mirror=stdout_mirror(stdout_events))
         self.lens = SameBatchLens(self)
         if self.accelerator.is_main_process:
@@ -187,12 +207,12 @@ class Trainer:
     def setup(self) -> None:
         r, acc = self.recipe, self.accelerator
         torch.manual_seed(r.train.seed)
-        self.rows = load_rows(r)
+        self.rows, eval_rows = load_splits(r)
         self.reward_funcs, self.reward_weights = reward_setup(r)
-        policy, self.tokenizer = load_model_and_tokenizer(r.model, device=acc.device)
+        policy, self.tokenizer = load_policy(r.model, device=acc.device)
         self.reference = None
         if r.algorithm.uses_reference:  # no KL term -> no reference model in memory
-            self.reference, _ = load_model_and_tokenizer(r.model, device=acc.device)
+            self.reference, _ = load_policy(r.model, device=acc.device)
             self.reference.eval().requires_grad_(False)
         total_updates = r.train.steps * r.train.mu * r.train.minibatches
         opt = torch.optim.AdamW(policy.parameters(), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
@@ -204,7 +224,10 @@ class Trainer:
         self.policy, self.optimizer = acc.prepare(policy, opt)
         # built once; generate() always samples the policy's current weights (vllm: synced in)
         self.rollout_backend = ROLLOUT_BACKENDS.get(r.train.rollout)(
-            resolve_model_path(r.model), precision=r.train.precision, seed=r.train.seed)
+            resolve_model(r.model), precision=r.train.precision, seed=r.train.seed)
+        task = recipe_task(r)
+        self.evaluator = Evaluator(r, eval_rows, self.reward_funcs, self.reward_weights,
+                                   task.correct_reward if task else None, rank=self.rank, world=self.world) if eval_rows else None
         self.critic = None
         if r.algorithm.critic:
             critic = ValueModel(acc.unwrap_model(self.policy)).to(acc.device)
@@ -224,6 +247,7 @@ class Trainer:
             temperature=r.sampling.temperature, top_p=r.sampling.top_p,
             max_new_tokens=r.sampling.max_completion_length,
             seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
+            system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
         )
         return rows, out
 
@@ -361,8 +385,23 @@ class Trainer:
             self.critic_optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def evaluate(self, updates: int) -> dict[str, float]:
+        """Held-out ``eval/...`` figures of the current policy (after ``updates`` updates), over
+        every rank's share of the eval prompts (evaluation.py; training's RNGs untouched)."""
+        t0 = time.perf_counter()
+        acc = self.accelerator
+        scores = self.evaluator.scores(self.rollout_backend, acc.unwrap_model(self.policy), self.tokenizer, acc.device)
+        if self.world > 1:
+            from accelerate.utils import gather_object
+
+            scores = gather_object(scores)
+        return {**self.evaluator.metrics(scores, updates), "perf/eval_time": time.perf_counter() - t0}
+
     def step(self, step: int) -> dict[str, float]:
         r, acc = self.recipe, self.accelerator
+        final_step = step == r.train.steps - 1
+        # the policy that samples this step (after `step` updates); the last line gets the final one
+        evaluated = self.evaluate(step) if self.evaluator and eval_due(step, r.eval.every) and not final_step else {}
         t0 = time.perf_counter()
         rows, out = self.rollout(step)
         t_gen = time.perf_counter() - t0
@@ -399,6 +438,12 @@ class Trainer:
         self.tokens_seen += float(g_mask.sum())
         metrics["perf/tokens"] = self.tokens_seen  # cumulative completion tokens (the UI's tokens x-axis)
         metrics["completions/count"] = float(g_mask.shape[0])  # the global batch, all ranks
+        truncated = torch.tensor(float(out.prompts_truncated), device=acc.device)
+        truncated = acc.reduce(truncated, reduction="sum") if self.world > 1 else truncated
+        metrics["prompts/truncated_ratio"] = float(truncated) / float(g_mask.shape[0])
+        if self.evaluator and final_step:
+            evaluated = self.evaluate(step + 1)
+        metrics.update(evaluated)
         metrics["step"] = step
 
         self.events.emit("metrics", step, metrics=metrics)
@@ -450,13 +495,16 @@ class Trainer:
             try:
                 self.events.emit("status", 0, status="starting", world_size=self.world, recipe=r.name)
                 self.setup()
+                start = checkpoint.resume(self) if self.resume else 0
                 self.events.emit("status", 0, status="running")
                 bar = tqdm(total=r.train.steps, desc="train", unit="step", disable=not (self.progress and self.accelerator.is_main_process))
-                for step in range(r.train.steps):
+                for step in range(start, r.train.steps):
                     m = self.step(step)
+                    checkpoint.save_if_due(self, step)
                     bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.3f}")
                     bar.update(1)
                 bar.close()
+                checkpoint.save_final(self)
             except Cancelled as err:
                 status, error = "cancelled", str(err)
             except Exception as err:  # the run ends with the error recorded; nothing logged is lost
@@ -483,6 +531,6 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def train(recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False) -> str:
+def train(recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False, resume: bool = False) -> str:
     """Run a recipe into ``run_dir``; returns the final status."""
-    return Trainer(recipe, run_dir, stdout_events=stdout_events, progress=progress).run()
+    return Trainer(recipe, run_dir, stdout_events=stdout_events, progress=progress, resume=resume).run()

@@ -14,9 +14,10 @@ How it is wired (DESIGN, "Facts measured"):
   with a no-op: both are saved and restored so the trainer's randomness and threading are
   unchanged by choosing this backend.
 
-Sampling semantics are those of the ``hf`` backend: the same left-padded tokenisation of the
-prompts, temperature, top_p, top_k disabled, ``max_new_tokens``, stop at the tokenizer's EOS, one
-seeded stream per completion, completions right-padded to ``max_new_tokens``. The rollout
+Sampling semantics are those of the ``hf`` backend: the same prompt encoding (``encode_batch``:
+either TRL format, chat template, left truncation), temperature (0 = greedy), top_p, top_k
+disabled, ``max_new_tokens``, stop at any of the model's EOS / end-of-turn ids, one seeded stream
+per completion, completions right-padded to ``max_new_tokens``. The rollout
 log-probs are vLLM's ``processed_logprobs``: log-softmax of logits / temperature, i.e. exactly
 the trainer's ``log pi(token)`` when ``top_p == 1``; with ``top_p < 1`` they are the log-probs of
 the renormalised nucleus the token was actually drawn from, so ``sampling/logprob_diff`` then
@@ -36,7 +37,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from workbench.engine.rollout import Rollout, completion_mask_from_ids, valid_token_lists
+from workbench.engine.prompts import Prompt
+from workbench.engine.rollout import Rollout, completion_mask_from_ids, encode_batch, model_stop_ids, valid_token_lists
 
 #: recipe ``train.precision`` -> the dtype vLLM computes in (the policy itself stays fp32 under
 #: accelerate's mixed precision; the engine samples in the precision the forward passes use).
@@ -148,18 +150,20 @@ class VLLMRollout:
 
     # -- the backend contract -----------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, model, tokenizer, prompts: list[str], *, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> Rollout:
+    def generate(self, model, tokenizer, prompts: list[Prompt], *, temperature: float, top_p: float, max_new_tokens: int,
+                 seed: int, system_prompt: str | None = None, max_prompt_length: int | None = None) -> Rollout:
         """Sync ``model``'s weights, then sample one completion per prompt (prompts arrive already
         repeated G times). Returns the same ``Rollout`` as the ``hf`` backend; tensors on the
         model's device, shapes (B, P) / (B, T = max_new_tokens)."""
         self.sync_weights(model)
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]
+        input_ids, attention_mask, n_truncated = encode_batch(
+            tokenizer, prompts, system_prompt=system_prompt, max_prompt_length=max_prompt_length)
+        stop_ids = model_stop_ids(model, tokenizer)
         requests = [{"prompt_token_ids": ids} for ids in valid_token_lists(input_ids, attention_mask)]
         params = [
             self._SamplingParams(
                 n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
-                seed=s, logprobs=0, stop_token_ids=[tokenizer.eos_token_id], detokenize=False,
+                seed=s, logprobs=0, stop_token_ids=stop_ids, detokenize=False,
             )
             for s in completion_seeds(seed, len(prompts))
         ]
@@ -167,12 +171,12 @@ class VLLMRollout:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         ids, logps = zip(*(sampled_tokens_and_logprobs(o.outputs[0]) for o in outputs))
         completion_ids = pad_rows(ids, max_new_tokens, tokenizer.pad_token_id, torch.long)
-        mask, truncated = completion_mask_from_ids(completion_ids, tokenizer.eos_token_id)
+        mask, truncated = completion_mask_from_ids(completion_ids, stop_ids)
         rollout_logp = pad_rows(logps, max_new_tokens, 0.0, torch.float32) * mask
         texts = tokenizer.batch_decode(valid_token_lists(completion_ids, mask), skip_special_tokens=True)
         device = next(model.parameters()).device
         return Rollout(input_ids.to(device), attention_mask.to(device), completion_ids.to(device), mask.to(device),
-                       truncated.to(device), rollout_logp.to(device), texts)
+                       truncated.to(device), rollout_logp.to(device), texts, n_truncated)
 
     def close(self) -> None:
         """Shut the engine down and free its KV cache (so a later run in this process can build one)."""

@@ -50,10 +50,12 @@ def accelerate_launch_args(*, num_processes: int = 1, cpu: bool = True, mixed_pr
 
 
 def train_command(recipe_path: str, run_dir: str, *, python: str = "python", stdout_events: bool = False,
-                  **launch) -> list[str]:
-    """argv of one training run (``launch`` as in :func:`accelerate_launch_args`)."""
+                  resume: bool = False, **launch) -> list[str]:
+    """argv of one training run (``launch`` as in :func:`accelerate_launch_args`); ``resume``:
+    continue the run in ``run_dir`` from its newest checkpoint, with the recipe.yaml there."""
+    run = ["--resume", run_dir] if resume else [recipe_path, "--run-dir", run_dir]
     cmd = [python, "-m", "accelerate.commands.launch", *accelerate_launch_args(**launch),
-           "-m", "workbench", "train", recipe_path, "--run-dir", run_dir]
+           "-m", "workbench", "train", *run]
     return cmd + (["--stdout-events"] if stdout_events else [])
 
 

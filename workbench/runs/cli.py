@@ -3,7 +3,7 @@
     launch RECIPE [RECIPE ...] [--set k=v] [--seeds N] [--sweep FIELD=V1,V2 ...] [--target local|ssh://HOST|slurm]
            [--group NAME] [--name N] [--tag T] [--notes TEXT] [--processes N] [--wait]
     runs list [--status S] [--group G] | runs arms GROUP | runs show ID | runs logs ID [--follow]
-    runs cancel ID | runs delete ID
+    runs cancel ID | runs resume ID | runs delete ID
     compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
 """
@@ -157,6 +157,18 @@ def _cancel_run(store, run: dict, args) -> int:
     return 0
 
 
+def _resume_run(store, run: dict, args) -> int:
+    """Queue a failed / cancelled / lost run again; it continues from its newest checkpoint."""
+    from workbench.engine.checkpoint import latest_checkpoint
+    from workbench.runs import resume
+
+    resume(run["id"], store=store)
+    latest = latest_checkpoint(Path(run["run_dir"]))
+    where = f"step {latest[0] + 1} (checkpoint {latest[1]})" if latest else "step 0 (no checkpoint yet)"
+    print(f"{run['id']}: {store.get_run(run['id'])['status']}, continuing at {where}")
+    return 0
+
+
 def _delete_run(store, run: dict, args) -> int:
     from workbench.runs import delete
 
@@ -198,7 +210,7 @@ def _cmd_collect(args) -> int:
 
 
 _RUN_ACTIONS = {"show": _show_run, "logs": lambda store, run, args: _print_logs(store, run, args.follow),
-                "cancel": _cancel_run, "delete": _delete_run}
+                "cancel": _cancel_run, "resume": _resume_run, "delete": _delete_run}
 
 
 def add_run_parsers(sub) -> None:
@@ -218,7 +230,7 @@ def add_run_parsers(sub) -> None:
     p.add_argument("--processes", type=int, default=1, help="data-parallel processes (accelerate)")
     p.add_argument("--wait", action="store_true", help="follow until every run ends; exit 0 iff all finished")
     p.set_defaults(func=_cmd_launch)
-    r = sub.add_parser("runs", help="list, show, follow, cancel or delete runs; list a group's arms")
+    r = sub.add_parser("runs", help="list, show, follow, cancel, resume or delete runs; list a group's arms")
     r.add_argument("action", choices=["list", "arms", *_RUN_ACTIONS])
     r.add_argument("id", nargs="?", help="run ID (for arms: the GROUP)")
     r.add_argument("--status")

@@ -28,7 +28,7 @@ from workbench.home import confined_path, workbench_home
 from workbench.runs.launchers import LAUNCHERS, ConfigError, LaunchError, Launcher, target_scheme
 from workbench.runs.names import check_group, check_run_name, check_tag, new_run_id
 from workbench.runs.settings import Settings, load_settings
-from workbench.runs.store import ACTIVE_STATUSES, TERMINAL_STATUSES, RunError, RunStore, StoreError
+from workbench.runs.store import ACTIVE_STATUSES, RESUMABLE_STATUSES, TERMINAL_STATUSES, RunError, RunStore, StoreError
 
 if TYPE_CHECKING:  # the recipe module imports the estimator registries (torch); listing runs must not
     from workbench.recipe import Recipe
@@ -587,6 +587,38 @@ def cancel(run_id: str, *, store: RunStore | None = None, settings: Settings | N
         sync(store, settings)
     else:
         threading.Thread(target=launcher.cancel, args=(run, grace_s), daemon=True).start()
+
+
+def resume(run_id: str, *, store: RunStore | None = None, settings: Settings | None = None) -> None:
+    """Continue a failed, cancelled or lost run from its newest checkpoint, as the same run: same
+    id, store row and run directory; its trainer (``train --resume RUN_DIR``) appends to the same
+    event stream and its ``resume`` event replaces the rows the attempt before logged after that
+    checkpoint (``RunStore.ingest``). The run is queued again and starts when a slot is free."""
+    store = store or RunStore()
+    settings = settings or load_settings()
+    store.check_writable()
+    run = store.get_run(run_id)
+    if run["status"] not in RESUMABLE_STATUSES:
+        raise RunError(f"run {run_id} is {run['status']}; only {', '.join(RESUMABLE_STATUSES)} runs can be resumed")
+    launcher = launcher_for(run["target"], settings)
+    if launcher.scheme != "local":
+        raise RunError(f"run {run_id} ran on {run['target']}: `runs resume` continues local runs; on that machine run "
+                       f"`python -m workbench train --resume RUN_DIR` in the run's directory")
+    if launcher.alive(run):
+        raise RunError(f"run {run_id} still has processes running; cancel it before resuming")
+    launch = {k: v for k, v in run["launch"].items() if k != "gpus"}  # placed again by the queue
+    store.reopen(run_id, {**launch, "resume": True})
+    _start_queued_local(store, settings)
+
+
+def model_outputs(run: dict) -> dict[str, Any]:
+    """Where a run's trained policy is (paths on this machine; the run dir of a remote run is the
+    launcher's local mirror): ``final`` (the HF directory of a finished run, or None) and
+    ``checkpoint`` ((step, path) of the newest checkpoint, or None; a resume continues after it)."""
+    from workbench.engine.checkpoint import final_model_dir, latest_checkpoint
+
+    run_dir = Path(run["run_dir"])
+    return {"final": final_model_dir(run_dir), "checkpoint": latest_checkpoint(run_dir)}
 
 
 def delete(run_id: str, *, store: RunStore | None = None, settings: Settings | None = None) -> None:

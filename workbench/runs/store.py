@@ -42,6 +42,8 @@ ACTIVE_STATUSES = ("queued", "starting", "running")
 TERMINAL_STATUSES = ("finished", "failed", "cancelled", "lost")
 STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
 PAYLOAD_KINDS = ("metrics", "samples", "diagnostics")  # kinds stored one row per (run, step)
+PAYLOAD_TABLES = ("metrics", "samples", "diagnostics", "lens")  # every table keyed by (run, step)
+RESUMABLE_STATUSES = ("failed", "cancelled", "lost")  # runs that `runs resume` continues from their checkpoint
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -298,9 +300,22 @@ class RunStore:
         """Forget a run and its rows (its run directory is removed by the service)."""
         self.get_run(run_id)
         with self._write() as db:
-            for table in ("metrics", "samples", "diagnostics", "lens"):
+            for table in PAYLOAD_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+    def reopen(self, run_id: str, launch: dict[str, Any]) -> None:
+        """A failed, cancelled or lost run back to ``queued`` (same id, row, run dir and ingested
+        events), to be started again with ``launch``; compare-and-set, so two resumes of one run
+        start it once. RunError for a run in any other status."""
+        with self._write() as db:
+            reopened = db.execute(
+                "UPDATE runs SET status = 'queued', handle = ?, launch = ?, cancel_requested = 0, error = NULL,"
+                f" ended_at = NULL WHERE id = ? AND status IN ({','.join('?' * len(RESUMABLE_STATUSES))})",
+                (_EMPTY_HANDLE, json.dumps(launch), run_id, *RESUMABLE_STATUSES)).rowcount
+        if not reopened:
+            status = self.get_run(run_id)["status"]  # raises for an unknown id
+            raise RunError(f"run {run_id} is {status}; only {', '.join(RESUMABLE_STATUSES)} runs can be resumed")
 
     def set_status(self, run_id: str, status: str, *, error: str | None = None) -> bool:
         """Move a run's status forward (never backwards; see ``_status_rank``). True if it changed."""
@@ -529,7 +544,25 @@ def _ingest_samples(db, run_id, step, when, payload) -> int:
     return _insert_payload(db, "samples", run_id, step, when, samples)
 
 
+def _ingest_resume(db, run_id, step, when, payload) -> int:
+    """A resumed attempt restarts at ``step``: the rows of that step and later came from the attempt
+    before it (which died past its checkpoint) and are dropped, so the resumed attempt's rows are
+    the only ones (``INSERT OR IGNORE`` would keep the old values). ``last_step`` and ``reward``
+    go back to the last kept step. In a replay of the stream from the start, the attempt before
+    may already have left a final status; the resume makes the run active again."""
+    for table in PAYLOAD_TABLES:
+        db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
+    last = db.execute("SELECT step, data FROM metrics WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)).fetchone()
+    reward = json.loads(last["data"]).get("reward") if last is not None else None
+    db.execute("UPDATE runs SET last_step = ?, reward = ? WHERE id = ?",
+               (last["step"] if last is not None else -1, reward if _is_number(reward) else None, run_id))
+    db.execute("UPDATE runs SET status = 'running', ended_at = NULL, error = NULL WHERE id = ? AND status IN"
+               f" ({','.join('?' * len(TERMINAL_STATUSES))})", (run_id, *TERMINAL_STATUSES))
+    return 1
+
+
 _INGEST: dict[str, Callable[..., int]] = {
+    "resume": _ingest_resume,
     "status": _ingest_status,
     "error": _ingest_error,
     "metrics": _ingest_metrics,

@@ -22,7 +22,11 @@ def _recipe() -> Recipe | None:
     run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0, format_func=run_option(runs),
                           key="export_run_select")
     try:
-        return Recipe.from_yaml(store().get_run(run_id)["recipe"])
+        run = store().get_run(run_id)
+        final = wr.model_outputs(run)["final"]
+        st.caption(f"Trained model: `{final}` (`AutoModelForCausalLM.from_pretrained(path)`)" if final is not None
+                   else "Trained model: none yet (a run saves it in RUN_DIR/final when it finishes)")
+        return Recipe.from_yaml(run["recipe"])
     except (RecipeError, wr.RunError) as err:
         st.error(str(err))
         return None

@@ -1,6 +1,7 @@
 """Launch: a preset or a previous run as the starting point, every recipe field with its help and
-inline validation, other algorithms to launch beside it as one comparison group, the target, and
-the one-button quick comparison."""
+inline validation, other algorithms to launch beside it as one comparison group, seeds per arm and
+a sweep over any fields (every run planned and validated before anything starts), the target, and
+the one-button quick comparison (GRPO vs RLOO vs PPO x 3 seeds)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
-from workbench.ui.common import any_active, blocked_notice, guarded_button, launch_and_remember, run_option, store
+from workbench.ui.common import (LAUNCH_ERRORS, any_active, blocked_notice, guarded_button,
+                                 launch_planned_and_remember, run_option, store)
 from workbench.ui.recipe_form import (comparison_recipes, fields_at_fault, load_into_form, preset_notes, render_form,
-                                      section_title)
+                                      section_title, sweep_values_help, sweepable_fields)
 
 
 def _targets() -> tuple[list[str], str | None]:
@@ -56,9 +58,10 @@ def _active_quick_group() -> str | None:
 
 def _quick_comparison() -> None:
     with st.container(border=True):
-        st.markdown("**First time here?** One click launches GRPO, RLOO and PPO on the built-in tiny model, "
-                    "side by side on the same prompts and seed; on a 2-core CPU all three finish in about "
-                    "90 s with rewards rising (measured by bench/learning_bench.py).")
+        st.markdown(f"**First time here?** One click launches GRPO, RLOO and PPO on the built-in tiny model, "
+                    f"{wr.QUICKSTART_SEEDS} seeds each, side by side on the same prompts (seed k shared by every "
+                    "arm): Live / Compare then shows each arm's mean with its 95% band and a verdict table "
+                    "saying which gaps are real (timings: bench/learning_bench.py).")
         running = _active_quick_group()
         help_ = f"Your quick comparison {running} is still running: watch it on Live / Compare." if running else None
         if not guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary",
@@ -69,7 +72,12 @@ def _quick_comparison() -> None:
             return
         group = f"quick-{time.strftime('%Y%m%d-%H%M%S')}"
         st.session_state["quick_group"] = group  # set before launching: a click arriving meanwhile is refused
-        if launch_and_remember(wr.quickstart_recipes(), group):
+        try:
+            planned = wr.quickstart_plan()
+        except LAUNCH_ERRORS as err:
+            planned = None
+            st.error(str(err))
+        if planned and launch_planned_and_remember(planned, group):
             st.rerun()  # the result message (with its link) is drawn at the top of the page
         st.session_state.pop("quick_group", None)
 
@@ -101,6 +109,52 @@ def launch_blocked_message(errors: dict[str, str]) -> str:
     return f"Fix {'this field' if len(fields) == 1 else 'these fields'} before launching: " + ", ".join(named)
 
 
+def _sweep_editor() -> tuple[dict[str, list] | None, list[str]]:
+    """The sweep editor: fields picked from the recipe schema, comma-separated values for each.
+    Returns ({dotted field: [values]} or None while a value list does not parse, the errors)."""
+    specs = {s.path: s for s in sweepable_fields()}
+    fields = st.multiselect("Sweep these fields (each combination of their values is one arm)", list(specs),
+                            key="launch_sweep_fields", help="A grid over recipe fields, crossed with the seeds.")
+    sweep, errors = {}, []
+    for path in fields:
+        text = st.text_input(f"Values of {path}", key=f"launch_sweep:{path}", placeholder="e.g. 0.2, 0.28",
+                             help=sweep_values_help(specs[path]))
+        if not text.strip():
+            errors.append(f"sweep {path}: enter its values, comma separated")
+            continue
+        try:
+            sweep |= wr.parse_sweep([f"{path}={text}"])
+        except wr.RunError as err:
+            errors.append(str(err).removeprefix("--"))
+    return (None if errors else sweep), errors
+
+
+def _plan(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | None,
+          target: str) -> tuple[list[wr.PlannedRun] | None, str | None]:
+    """Every run of the launch, validated (``wr.plan_runs``), or None and the one error naming the
+    arm and seed at fault. Nothing is launched here."""
+    if recipe is None or sweep is None:
+        return None, None
+    try:
+        return wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=sweep, target=target), None
+    except LAUNCH_ERRORS as err:
+        return None, str(err).removeprefix("--")
+
+
+def launch_label(planned: list[wr.PlannedRun] | None, seeds: int) -> str:
+    """'Launch run', 'Launch 2 runs', 'Launch 3 runs (1 arm x 3 seeds)' or 'Launch 6 runs (2 arms x 3 seeds)'."""
+    n = len(planned) if planned else 1
+    if n == 1:
+        return "Launch run"
+    arms = len({p.arm for p in planned})
+    return f"Launch {n} runs" + (f" ({arms} arm{'s' * (arms > 1)} x {seeds} seeds)" if seeds > 1 else "")
+
+
+def _default_group(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | None) -> str:
+    name = "-vs-".join([recipe.name if recipe else "run", *others])
+    return (name + ("-sweep" if sweep else "") + (f"-x{seeds}" if seeds > 1 else ""))[:48]
+
+
 def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe) -> None:
     st.subheader("Launch")
     # the choices leave out the starting point's preset, not whatever the editable run name says
@@ -108,26 +162,35 @@ def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe
         "Compare with these algorithms (same model, task, prompts, sampling, steps and seed; each keeps its "
         "preset's algorithm and optimiser settings)", [p for p in preset_names() if p != base.name],
         key="launch_compare")
+    seeds = int(st.number_input("Seeds per arm", 1, wr.MAX_RUNS_PER_LAUNCH, 1, key="launch_seeds",
+                                help="Each arm runs with seeds s, s+1, ... (s = train.seed), paired across arms: "
+                                "the verdict table needs >= 2 to say whether a gap is real."))
+    sweep, sweep_errors = _sweep_editor()
     targets, settings_error = _targets()
     if settings_error:
         st.error(settings_error)
     cols = st.columns(3)
     target = cols[0].selectbox("Target", targets, format_func=lambda t: TARGET_LABELS.get(t, t), key="launch_target",
                                help="this machine, an SSH host from Settings, or a SLURM cluster (sbatch).")
-    default_group = "-vs-".join([recipe.name if recipe else "run", *others])[:48] if others else ""
+    planned, plan_error = _plan(recipe, others, seeds, sweep, target)
+    several = bool(others) or seeds > 1 or bool(sweep)
+    default_group = _default_group(recipe, others, seeds, sweep) if several else ""
     group = cols[1].text_input("Comparison group", value=default_group, key=f"launch_group:{default_group}",
-                               help="Runs launched together are compared as one group.") if others else None
+                               help="Runs launched together are compared as one group.") if several else None
     tags_text = cols[2].text_input("Tags (comma separated)", key="launch_tags")
     notes = st.text_area("Notes", key="launch_notes", height=68)
     if errors:
         st.error(launch_blocked_message(errors), icon=":material/error:")
+    for message in [*sweep_errors, *([plan_error] if plan_error else [])]:
+        st.error(message, icon=":material/error:")
     blocked_notice()
-    label = f"Launch {1 + len(others)} runs" if others else "Launch run"
-    if not guarded_button(label, key="launch_go", type="primary", disabled=recipe is None):
+    if not guarded_button(launch_label(planned, seeds), key="launch_go", type="primary", disabled=planned is None):
+        return
+    if planned is None:  # a click on the disabled button from a crafted client
         return
     tags = [t.strip() for t in tags_text.split(",") if t.strip()]
-    recipes, group = (comparison_recipes(recipe, others), group or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if others else ([recipe], None)
-    if launch_and_remember(recipes, group, target=target, tags=tags, notes=notes):
+    group = (group or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if len(planned) > 1 else None
+    if launch_planned_and_remember(planned, group, target=target, tags=tags, notes=notes):
         st.rerun()
 
 

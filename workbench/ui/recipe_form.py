@@ -24,13 +24,13 @@ from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
 
 SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
-            "logging": "Logging"}
+            "logging": "Logging", "checkpoint": "Checkpoints"}
 NO_TASK = "(none: use the dataset)"
 KEY_PREFIX = "rf:"
 _MODEL_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What "the same experiment" means for a comparison group: these come from the edited recipe,
 # everything else (algorithm, optimiser, mu / minibatches) from each algorithm's preset.
-SHARED_FIELDS = ("model", "task", "dataset", "reward_funcs", "reward_weights", "sampling", "logging")
+SHARED_FIELDS = ("model", "task", "dataset", "reward_funcs", "reward_weights", "sampling", "logging", "checkpoint")
 SHARED_TRAIN_FIELDS = ("steps", "seed", "rollout", "precision", "threads")
 
 
@@ -210,6 +210,22 @@ def comparison_recipes(base: Recipe, presets: list[str]) -> list[Recipe]:
             data["train"][field] = shared["train"][field]
         out.append(Recipe.from_dict(data))
     return out
+
+
+# Fields a sweep may vary: every recipe field but the labels and the seed (seeds are the
+# replication axis: "seeds per arm").
+NOT_SWEPT = ("name", "description", "train.seed")
+
+
+def sweepable_fields() -> list[FieldSpec]:
+    """The fields the Launch page's sweep editor offers, in form order."""
+    return [s for s in field_specs() if s.path not in NOT_SWEPT]
+
+
+def sweep_values_help(spec: FieldSpec) -> str:
+    """What to type as a swept field's values: comma separated, and the choices where it has them."""
+    choices = f" One of: {', '.join(map(str, spec.choices))}." if spec.choices and spec.kind == "choice" else ""
+    return f"Comma-separated values (YAML: 0.2, 0.28 or token-mean, seq-mean-token-mean).{choices} {spec.help}"
 
 
 # An algorithm *choice* named after one member of a family ("gspo_variant", "cispo_bounds",

@@ -1,5 +1,5 @@
 """Runs: every run with status, progress, algorithm, target, owner, reward so far, tags and notes;
-filter and sort; cancel, delete, rename, tag and annotate one run."""
+filter and sort; cancel, resume, delete, rename, tag and annotate one run; where its trained model is."""
 
 from __future__ import annotations
 
@@ -57,6 +57,24 @@ def _run_status(run_id: str, drawn_status: str) -> None:
         (st.info if run["status"] == "cancelled" else st.error)(f"{run['status']}: {run['error']}")
 
 
+def _model_location(run: dict) -> None:
+    """Where the run's trained policy is: the final HF directory, else its newest checkpoint."""
+    outputs = wr.model_outputs(run)
+    if outputs["final"] is not None:
+        st.markdown(f"Trained model: `{outputs['final']}` (a Hugging Face directory: "
+                    "`AutoModelForCausalLM.from_pretrained(path)`)")
+    elif outputs["checkpoint"] is not None:
+        step, path = outputs["checkpoint"]
+        st.markdown(f"Newest checkpoint: step {step} · `{path}`")
+
+
+def _resume_help(run: dict) -> str:
+    checkpoint = wr.model_outputs(run)["checkpoint"]
+    if checkpoint is None:
+        return "Start this run again in the same run (no checkpoint yet: from step 0)"
+    return f"Continue this run at step {checkpoint[0] + 1}, from its checkpoint {checkpoint[1]}"
+
+
 def _actions() -> None:
     runs = store().list_runs()
     if runs.empty:
@@ -66,6 +84,7 @@ def _actions() -> None:
     run = store().get_run(run_id)
     live = run["status"] in wr.ACTIVE_STATUSES
     st.fragment(_run_status, run_every=1.0 if live else None)(run_id, run["status"])
+    _model_location(run)
     cols = st.columns(2)
     with cols[0]:
         new_name = st.text_input("Name", value=run["name"], key=f"runs_name:{run_id}")
@@ -91,6 +110,15 @@ def _actions() -> None:
                 st.error(str(err))
             else:
                 st.toast(f"Cancelling {run_id}")
+                st.rerun()
+        if guarded_button("Resume run", key="runs_resume", disabled=run["status"] not in wr.RESUMABLE_STATUSES,
+                          help=_resume_help(run)):
+            try:
+                wr.resume(run_id, store=store())
+            except (wr.RunError, wr.LaunchError) as err:
+                st.error(str(err))
+            else:
+                st.toast(f"Resuming {run_id}")
                 st.rerun()
         if st.button("Export this run (YAML, bash, sbatch)", key="runs_export"):
             from workbench.ui.nav import page

@@ -112,6 +112,21 @@ def ema(values, weight: float) -> np.ndarray:
     return out
 
 
+SIGNIFICANT_DIGITS = 12
+
+
+def plotted(values) -> np.ndarray:
+    """Values as drawn: rounded to ``SIGNIFICANT_DIGITS`` significant digits (NaN kept). An EMA or
+    a mean over seeds of a constant metric (reward_std = 0.3 at every step) differs from it by
+    ~1e-17, and plotly's autorange zoomed into that noise: a flat line drawn as a saw-tooth.
+    (N,) -> (N,) float64."""
+    y = np.asarray(values, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        magnitude = np.where(np.isfinite(y) & (y != 0), np.floor(np.log10(np.abs(y))), 0.0)
+    scale = 10.0 ** (SIGNIFICANT_DIGITS - 1 - magnitude)
+    return np.round(y * scale) / scale
+
+
 def with_x(df: pd.DataFrame, x: str) -> pd.DataFrame:
     """``df`` (rows of many runs) plus a column named ``x`` holding each run's x-axis values
     (``X_AXES[x]`` applied run by run, rows sorted by run then step). For ``step`` the frame is
@@ -166,7 +181,7 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
                                          opacity=0.25, line={**line, "width": 1}, hoverinfo="skip",
                                          legendgroup=name))
                 ys = ema(ys, smoothing)
-            fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines", line=line, legendgroup=name))
+            fig.add_trace(go.Scatter(x=xs, y=plotted(ys), name=name, mode="lines", line=line, legendgroup=name))
     fig.update_layout(
         title={"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, height=height,
         margin={"l": 40, "r": 10, "t": 70, "b": 40}, xaxis_title=X_LABELS[x], legend=LEGEND_PLACE,

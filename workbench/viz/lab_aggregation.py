@@ -11,6 +11,7 @@ book's printed line, which drops A: with A = 2 it is 0.1818).
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import pandas as pd
@@ -18,7 +19,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.colors import qualitative
 
-from workbench.core import LOSS_AGGREGATIONS, aggregate_loss
+from workbench.core import LOSS_AGGREGATIONS, PolicyLossConfig, aggregate_loss, compute_policy_loss
 
 # Every mode registered in core, in its order: a mode added there shows up here.
 LAB_MODES: tuple[str, ...] = LOSS_AGGREGATIONS.names()
@@ -85,9 +86,37 @@ def aggregation_figure(table: pd.DataFrame, value: str = "grad_wrt_ratio") -> go
     for mode, part in table.groupby("mode", sort=False):
         fig.add_trace(go.Bar(x=[f"s{i} t{t}" for i, t in zip(part["seq"], part["token"])], y=part[value], name=mode,
                              marker_color=MODE_COLORS.get(mode)))
-    label = {"grad_wrt_ratio": "dL / dR per token", "weight": "dL / dl per token (weight)"}.get(value, value)
+    label = {"grad_wrt_ratio": "dL / dR per token", "weight": "dL / dl per token (weight)",
+             "grad_logp": "dJ / d log pi per token"}.get(value, value)
     fig.update_layout(barmode="group", yaxis_title=label, xaxis_title="token", height=380, margin={"t": 30})
     return fig
+
+
+LOSS_OLD_PROB = 0.1  # pi_old of every token in the policy-loss view (DPPO reads probabilities)
+
+
+def loss_gradient_table(loss: str, seqs: Sequence[Sequence[float]], max_len: int | None = None,
+                        cfg: PolicyLossConfig = PolicyLossConfig(), log_ratio: float = 0.0,
+                        modes: Sequence[str] = LAB_MODES) -> pd.DataFrame:
+    """The book's tokens through a registered policy loss, then every aggregation: token (i, t)
+    has advantage A_it = seqs[i][t] (the book's l = R A at R = 1) and log-ratio ``log_ratio``
+    (pi_old = LOSS_OLD_PROB). -> one row per (mode, seq, token): length, grad_logp = dJ / d log pi_it
+    with J = -aggregate(mode, compute_policy_loss(loss, ...)), by autograd through both.
+
+    At log_ratio 0 every loss hands each token A (its policy gradient), so grad_logp = weight x A:
+    the aggregation alone sets the per-token weight, whatever the loss (GSPO's and GMPO's
+    sequence ratios included, since d s_i / d log pi_t = s_i / n_i over n_i tokens)."""
+    adv, mask = padded(seqs)
+    max_len = max_len or adv.shape[1]
+    old = torch.full_like(adv, math.log(LOSS_OLD_PROB)) * mask
+    logp = (old + log_ratio * mask).requires_grad_(True)
+    per_token, _ = compute_policy_loss(loss, logp, old, adv, mask, cfg)
+    rows = []
+    for mode in modes:
+        (grad,) = torch.autograd.grad(-aggregate_loss(mode, per_token, mask, max_len=max_len), logp, retain_graph=True)
+        rows += [{"mode": mode, "seq": i, "token": t, "length": len(s), "grad_logp": float(grad[i, t])}
+                 for i, s in enumerate(seqs) for t in range(len(s))]
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 
 from workbench.core import REGION_NAMES, REWARD_DTYPE, AdvantageConfig, PolicyLossConfig, compute_advantages, compute_policy_loss
 
-from .lab_aggregation import token_weights
+from .lab_aggregation import padded, token_weights
 
 
 @dataclass(frozen=True)
@@ -205,17 +205,6 @@ def knobs_read(fn: Callable, config_class: type) -> tuple[str, ...]:
     return tuple(f for f in config_fields(config_class) if f in read)
 
 
-def ragged(rows: Sequence[Sequence[float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged rows -> (values (B, T) float64 zero-padded, mask (B, T) float64)."""
-    T = max(len(r) for r in rows)
-    values = torch.zeros(len(rows), T, dtype=torch.float64)
-    mask = torch.zeros_like(values)
-    for i, r in enumerate(rows):
-        values[i, : len(r)] = torch.tensor(list(r), dtype=torch.float64)
-        mask[i, : len(r)] = 1.0
-    return values, mask
-
-
 def token_columns(x: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, list]:
     """(B, T) -> {'<prefix>0': [...], ...}, None on padding (an empty cell, not a 0)."""
     return {f"{prefix}{t}": [float(v) if m else None for v, m in zip(x[:, t].tolist(), mask[:, t].tolist())]
@@ -240,7 +229,7 @@ def advantage_example(name: str, rewards: Sequence[float], lengths: Sequence[int
     if G < 1 or len(rewards) % G:
         raise ValueError(f"group size={G} must be >= 1 and divide the number of rewards ({len(rewards)})")
     r = torch.tensor(list(rewards), dtype=REWARD_DTYPE)
-    _, mask = ragged([[0.0] * int(n) for n in lengths])
+    _, mask = padded([[0.0] * int(n) for n in lengths])
     mask = mask.to(REWARD_DTYPE)
     v = None if values is None else torch.tensor(list(values), dtype=REWARD_DTYPE)[:, None] * mask
     b = None if baselines is None else torch.tensor(list(baselines), dtype=REWARD_DTYPE)
@@ -264,7 +253,7 @@ def policy_loss_example(name: str, log_ratios: Sequence[Sequence[float]], advant
     loss's metrics."""
     if len(advantages) != len(log_ratios):
         raise ValueError(f"advantages has {len(advantages)} entries but there are {len(log_ratios)} sequences: give one per sequence")
-    d, mask = ragged(log_ratios)
+    d, mask = padded(log_ratios)
     top = -math.log(EXAMPLE_OLD_PROB)
     if (d > top).any():
         raise ValueError(f"log-ratios={[list(r) for r in log_ratios]}: each must be <= {top:.4f}, since pi = "

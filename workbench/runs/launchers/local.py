@@ -105,7 +105,7 @@ class LocalLauncher(Launcher):
         return train_command(
             str(Path(run["run_dir"]) / "recipe.yaml"), run["run_dir"], python=sys.executable,
             num_processes=processes, cpu=not launch.get("gpus"), mixed_precision=launch.get("mixed_precision", "no"),
-            main_process_port=str(_free_port()) if processes > 1 else None)
+            main_process_port=str(_free_port()) if processes > 1 else None, resume=bool(launch.get("resume")))
 
     def environment(self, run: dict) -> dict[str, str]:
         launch = run.get("launch") or {}
@@ -119,6 +119,7 @@ class LocalLauncher(Launcher):
 
     def start(self, run: dict) -> dict:
         run_dir = Path(run["run_dir"])
+        (run_dir / EXIT_CODE_FILE).unlink(missing_ok=True)  # a resumed run's previous attempt left one
         argv = self.command(run)
         wrapper = shell_join([sys.executable, str(REAPER), STDOUT_FILE, EXIT_CODE_FILE, "--", *argv])
         script = _DETACH.format(wrapper=wrapper)

@@ -44,4 +44,5 @@ LAB_PAGES: list[tuple[Callable[[], None], str, str]] = [
       for family, names in REGISTERED_NAMES.items() for name in names],
     (_lazy("kl"), "KL estimators", "lab-kl"),
     (_lazy("lens"), "Same-batch lens", "lab-lens"),
+    (_lazy("experiments"), "Experiments", "lab-experiments"),
 ]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from workbench.core import POLICY_LOSSES, PolicyLossConfig
 from workbench.recipe import load_recipe
 from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
+from workbench.ui.labs.explanations import title_of
 from workbench.viz import lab_aggregation as viz
 
 BOOK_TEXT = "2, 2, 2, 2\n2, 2, 2, 2, 2, 2, 2"
@@ -36,6 +38,23 @@ def _analytic() -> None:
                "seq-mean-token-mean gives short sequences' tokens more weight (1/n_i): the length bias Dr. GRPO "
                "removes. Dr. GRPO's normaliser: seq-mean-token-sum-norm divides by B x L_max (TRL dr_grpo, verl "
                ">= 0.9); token-sum-norm by L_max only (verl < 0.9's seq-mean-token-sum-norm), a step B times larger.")
+    _with_a_policy_loss(seqs, int(max_len))
+
+
+def _with_a_policy_loss(seqs: list[list[float]], max_len: int) -> None:
+    """The same tokens through a registered policy loss first (their values as advantages)."""
+    st.markdown("**Through a policy loss.** The numbers above as the tokens' advantages A, through any registered "
+                "policy loss and then each aggregation: dJ / d log pi per token.")
+    c1, c2 = st.columns(2)
+    loss = c1.selectbox("Policy loss", POLICY_LOSSES.names(), format_func=lambda n: f"{title_of('policy_loss', n)} ({n})",
+                        key="agg_loss")
+    log_ratio = c2.slider("log-ratio log(pi / pi_old) of every token", -1.0, 1.0, 0.0, 0.05, key="agg_log_ratio")
+    table = viz.loss_gradient_table(loss, seqs, max_len, PolicyLossConfig(), log_ratio)
+    st.plotly_chart(viz.aggregation_figure(table, "grad_logp"), key="agg_loss_fig")
+    st.caption("At log-ratio 0 (on-policy) every loss hands each token its advantage, so these bars equal dL/dR above: "
+               "the aggregation alone weighs the tokens, for sequence-ratio losses (GSPO, GMPO) too. Move the ratio and "
+               "the losses part: the clip zeroes A > 0 tokens above 1 + eps, SAPO's gate fades, CISPO's weight caps. "
+               "Default settings of each loss (PolicyLossConfig()); pi_old = 0.1.")
 
 
 def _empirical() -> None:

@@ -289,23 +289,34 @@ def _parse_optional(text: str, kind: type, label: str):
         raise ValueError(f"{label}={text!r}: expected a number or empty (none)") from None
 
 
+def knob_start(family: str, e: Explanation) -> Any:
+    """The config the example starts from: its preset's (GMPO's eps 0.4, PPO's lambda 0.95), or
+    the config class's defaults for a name no preset trains with."""
+    if e.preset is None:
+        return REGISTRIES[family][1]()
+    recipe = load_recipe(e.preset)
+    return recipe.advantage_config() if family == "advantage" else recipe.policy_loss_config()
+
+
 def _knob_widgets(family: str, name: str, e: Explanation) -> dict[str, Any]:
-    """One widget per knob (type from the config field), defaults the config's. -> {field: value};
-    ValueError naming the knob for a value that does not parse."""
+    """One widget per knob (type from the config field), starting at ``knob_start``. -> {field:
+    value}; ValueError naming the knob for a value that does not parse."""
     fields = {f.name: f for f in dataclasses.fields(REGISTRIES[family][1])}
+    start = knob_start(family, e)
     knobs = [k for k in e.knobs if k not in EXAMPLE_FIXED]
     values: dict[str, Any] = {}
     for col, knob in zip(st.columns(max(len(knobs), 1)), knobs):
-        f, key = fields[knob], f"wt_{name}_{knob}"
+        f, key, value = fields[knob], f"wt_{name}_{knob}", getattr(start, knob)
         if knob in KNOB_CHOICES:
-            values[knob] = col.selectbox(knob, KNOB_CHOICES[knob], index=KNOB_CHOICES[knob].index(f.default), key=key)
+            values[knob] = col.selectbox(knob, KNOB_CHOICES[knob], index=KNOB_CHOICES[knob].index(value), key=key)
         elif isinstance(f.default, bool):
-            values[knob] = col.checkbox(knob, value=f.default, key=key)
+            values[knob] = col.checkbox(knob, value=value, key=key)
         elif f.default is None:
             kind = int if "int" in str(f.type) else float
-            values[knob] = _parse_optional(col.text_input(knob, "", key=key, placeholder="none"), kind, knob)
+            shown = "" if value is None else str(value)
+            values[knob] = _parse_optional(col.text_input(knob, shown, key=key, placeholder="none"), kind, knob)
         else:
-            values[knob] = col.number_input(knob, value=float(f.default), format="%g", key=key)
+            values[knob] = col.number_input(knob, value=float(value), format="%g", key=key)
     return values
 
 

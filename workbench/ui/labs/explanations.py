@@ -37,7 +37,7 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "No critic: the other G - 1 completions of the same prompt are the baseline (DeepSeekMath, Shao et al. 2024).",
         "TRL GRPOTrainer scale_rewards='group' / 'batch' / 'none'; verl adv_estimator=grpo "
         "(norm_adv_by_std_in_grpo=False is Dr. GRPO); OpenRLHF advantage_estimator=group_norm.",
-        ("group_size", "scale", "eps"),
+        ("group_size", "scale", "eps", "kl_coef"),
         ("Std bias: dividing by the group's std gives the rare answer |A| = 1.5 in a group of 4, right or wrong, "
          "and cancels the reward scale (0.1, 0, 0, 0 gets the same 1.5 as 1, 0, 0, 0); scale='none' (Dr. GRPO) removes it.",
          "All-equal groups get exactly 0 (no signal)."), preset="grpo"),
@@ -46,12 +46,12 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "The baseline must not contain the completion's own reward: leave-one-out makes it unbiased "
         "(Kool et al. 2019; Ahmadian et al. 2024).",
         "TRL RLOOTrainer; verl adv_estimator=rloo; OpenRLHF advantage_estimator=rloo.",
-        ("group_size",), ("Equals G/(G-1) x Dr. GRPO: the same direction, a larger step.",), preset="rloo"),
+        ("group_size", "kl_coef"), ("Equals G/(G-1) x Dr. GRPO: the same direction, a larger step.",), preset="rloo"),
     "reinforce": Explanation(
         "REINFORCE (batch mean)", (r"A_i = r_i - \operatorname{mean}_{batch}(r)",),
         "Vanilla policy gradient with the simplest variance-reducing baseline (Williams 1992).",
         "The textbook baseline; no framework default uses it for LMs.",
-        (), ("The baseline mixes prompts of different difficulty: an easy prompt's completions all look good.",)),
+        ("kl_coef",), ("The baseline mixes prompts of different difficulty: an easy prompt's completions all look good.",)),
     "reinforce_pp": Explanation(
         "REINFORCE++",
         (r"r_t = -\beta\,\mathrm{KL}_t + [t = |o|]\, r", r"G_t = \sum_{l \ge 0} \gamma^l r_{t+l}",
@@ -80,7 +80,7 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "A baseline without a critic or a group: the reward of one greedy completion of the same prompt "
         "(Li et al. 2023).",
         "verl adv_estimator=remax (reward_baselines).",
-        (), ("Costs one extra (greedy) rollout per prompt, not trained on.",
+        ("kl_coef",), ("Costs one extra (greedy) rollout per prompt, not trained on.",
              "With an in-reward KL verl subtracts the baseline from per-token returns; here from the shaped "
              "sequence reward (equal without an in-reward KL)."),
         launch_note="The engine does not generate the greedy baseline rollout yet, so no run can use remax."),
@@ -90,7 +90,7 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "The variance-minimising baseline when every token carries its sequence's reward: longer completions "
         "weigh more (Hao et al. 2025).",
         "verl adv_estimator=opo.",
-        ("group_size",),
+        ("group_size", "kl_coef"),
         ("A group of one gets A = 0 here (verl: b = 0, A = r).", "All-equal groups get exactly 0."), preset="opo"),
     "grpo_passk": Explanation(
         "GRPO pass@k",
@@ -98,7 +98,7 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "Optimises pass@k (one of the G samples right) instead of the mean reward: only the group's best "
         "completion is credited (Tang et al. 2025).",
         "verl adv_estimator=grpo_passk.",
-        ("group_size", "scale", "eps"),
+        ("group_size", "scale", "eps", "kl_coef"),
         ("Ties for the best give 0; no completion is ever pushed down.",), preset="grpo_passk"),
 }
 

@@ -1,0 +1,281 @@
+"""Checkpoints of a run, resume in the same run, and the trained policy as a plain HF directory.
+
+Layout of ``run_dir``::
+
+    checkpoints/step-00000009/      the state after step 9 (``checkpoint.every`` steps and the last step)
+        model.safetensors, config.json, generation_config.json   the policy (``save_pretrained``)
+        tokenizer.json, tokenizer_config.json, ...                the tokenizer
+        optimizer.pt, scheduler.pt (+ scaler.pt under fp16)       state dicts (``torch.save``)
+        critic.safetensors, critic_optimizer.pt                   PPO's critic and its optimiser
+        rng-rank{r}.pt                                            python / numpy / torch CPU (+ CUDA) RNG of rank r
+        trainer_state.json                                        step, tokens_seen, world_size: written last
+    final/                          the finished policy + tokenizer: ``AutoModelForCausalLM.from_pretrained(final)``
+
+Atomic: a checkpoint is written into a hidden ``.tmp-step-N`` folder and renamed to ``step-N`` by
+rank 0 once every rank has written its RNG states (a barrier), so a crash leaves a complete
+checkpoint or none (a stale temp folder is removed by the next save). Only rank 0 writes model,
+tokenizer and optimiser files (data parallelism keeps them equal on every rank); each rank writes
+and reads back its own RNG states. ``keep_last`` newest checkpoints are kept.
+
+Resume (``train --resume RUN_DIR``) loads the newest checkpoint into the freshly set-up trainer and
+continues at the step after it, appending to the same ``events.jsonl``. Its first event is
+``resume`` at that step: the run store drops every row of that step and later (the crashed
+attempt's), so each step is stored once, with the resumed attempt's values.
+
+The trainer's own randomness needs no saved state: prompt order (``_epoch_order(seed, epoch)``),
+sampling (``hf_generate`` seeds torch from (seed, step, rank); vLLM seeds each completion) and
+minibatch order (a Generator seeded from (seed, step)) are pure functions of (seed, step, rank),
+so step k draws the same numbers whether or not the run was resumed before it. The global RNG
+states are saved anyway for whatever else draws (dropout, a reward function).
+
+Torch is imported inside the functions that need it: the run layer and the UI list checkpoints
+and final directories without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS_DIR = "checkpoints"
+FINAL_DIR = "final"
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+SCALER_FILE = "scaler.pt"
+CRITIC_FILE = "critic.safetensors"
+CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
+_STEP_DIR = re.compile(r"step-(\d{8})")
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used for this run (message says which and why)."""
+
+
+# -- paths (no torch) ----------------------------------------------------------------------------
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints (their ``trainer_state.json`` exists) as (step, path), oldest first."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and (p / STATE_FILE).is_file()]
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def final_model_dir(run_dir: Path) -> Path | None:
+    """``run_dir/final`` once the finished policy is saved there, else None."""
+    path = Path(run_dir) / FINAL_DIR
+    return path if (path / "config.json").is_file() else None
+
+
+def checkpoint_due(step: int, every: int, last_step: int) -> bool:
+    """Save after ``step``? Every ``every`` steps (steps every-1, 2 every-1, ...) and after the last one."""
+    return step == last_step or (every > 0 and (step + 1) % every == 0)
+
+
+def resume_start(run_dir: Path) -> int:
+    """The step a resume of ``run_dir`` begins at: one after the newest checkpoint, else 0."""
+    latest = latest_checkpoint(run_dir)
+    return 0 if latest is None else latest[0] + 1
+
+
+def drop_torn_tail(path: Path) -> int:
+    """Cut a last line without its newline (a kill -9 mid-write) so appended events start on a
+    line of their own; returns the bytes removed. Only bytes after the last newline go, which no
+    reader has consumed (readers take complete lines only)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        keep, block = size, 4096
+        while keep > 0:
+            start = max(0, keep - block)
+            f.seek(start)
+            chunk = f.read(keep - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        f.truncate(keep)
+    return size - keep
+
+
+# -- save ------------------------------------------------------------------------------------------
+def _rng_state() -> dict[str, Any]:
+    """This process's global RNG states as tensors and plain numbers (loadable with weights_only)."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": (version, list(internal), gauss),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_model_files(trainer, out: Path) -> None:
+    """Rank 0: policy, tokenizer, optimiser, scheduler (, scaler, critic): the state shared by all ranks."""
+    import torch
+    from safetensors.torch import save_model
+
+    acc = trainer.accelerator
+    acc.unwrap_model(trainer.policy).save_pretrained(out, safe_serialization=True)
+    trainer.tokenizer.save_pretrained(out)
+    torch.save(trainer.optimizer.state_dict(), out / OPTIMIZER_FILE)
+    torch.save(trainer.scheduler.state_dict(), out / SCHEDULER_FILE)
+    if getattr(acc, "scaler", None) is not None:
+        torch.save(acc.scaler.state_dict(), out / SCALER_FILE)
+    if getattr(trainer, "critic", None) is not None:
+        save_model(acc.unwrap_model(trainer.critic), str(out / CRITIC_FILE))  # handles the shared tensors
+        torch.save(trainer.critic_optimizer.state_dict(), out / CRITIC_OPTIMIZER_FILE)
+
+
+def save_checkpoint(trainer, step: int) -> Path:
+    """Write the state after ``step`` (all ranks call this); returns the checkpoint's path."""
+    import torch
+
+    acc = trainer.accelerator
+    final = checkpoint_dir(trainer.run_dir, step)
+    tmp = final.with_name(_TMP_PREFIX + final.name)
+    if acc.is_main_process:
+        for stale in final.parent.glob(_TMP_PREFIX + "*") if final.parent.is_dir() else ():
+            shutil.rmtree(stale, ignore_errors=True)  # a save a crash interrupted
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    torch.save(_rng_state(), tmp / f"rng-rank{trainer.rank}.pt")
+    if acc.is_main_process:
+        _save_model_files(trainer, tmp)
+    acc.wait_for_everyone()  # every rank's RNG file is in place
+    if acc.is_main_process:
+        state = {"step": step, "tokens_seen": trainer.tokens_seen, "world_size": trainer.world}
+        (tmp / STATE_FILE).write_text(json.dumps(state))
+        if final.exists():  # the same step saved by an attempt that crashed before it counted
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _prune(trainer.run_dir, trainer.recipe.checkpoint.keep_last)
+    acc.wait_for_everyone()
+    return final
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    for _, path in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def save_if_due(trainer, step: int) -> Path | None:
+    """After step ``step``: a checkpoint when ``checkpoint.every`` or the last step says so."""
+    cfg = trainer.recipe.checkpoint
+    if not checkpoint_due(step, cfg.every, trainer.recipe.train.steps - 1):
+        return None
+    return save_checkpoint(trainer, step)
+
+
+def save_final(trainer) -> Path:
+    """The finished policy and tokenizer as a plain HF directory ``run_dir/final`` (rank 0 writes;
+    atomic like a checkpoint)."""
+    acc = trainer.accelerator
+    final = Path(trainer.run_dir) / FINAL_DIR
+    if acc.is_main_process:
+        tmp = final.with_name(_TMP_PREFIX + FINAL_DIR)
+        shutil.rmtree(tmp, ignore_errors=True)
+        acc.unwrap_model(trainer.policy).save_pretrained(tmp, safe_serialization=True)
+        trainer.tokenizer.save_pretrained(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    acc.wait_for_everyone()
+    return final
+
+
+# -- load ------------------------------------------------------------------------------------------
+def _load_policy_weights(model, path: Path) -> None:
+    """Load ``model*.safetensors`` of ``path`` into ``model`` (read on the CPU; load_state_dict copies
+    onto the parameters' device). save_pretrained leaves out tied weights (lm_head = embeddings):
+    every key it left out must share its tensor with a loaded one."""
+    from safetensors.torch import load_file
+
+    state: dict = {}
+    for file in sorted(path.glob("model*.safetensors")):
+        state.update(load_file(file))
+    if not state:
+        raise CheckpointError(f"checkpoint {path} holds no model*.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    current = model.state_dict()
+    loaded = {t.data_ptr() for name, t in current.items() if name in state}
+    untied = [k for k in missing if current[k].data_ptr() not in loaded]
+    if unexpected or untied:
+        raise CheckpointError(f"checkpoint {path} does not fit this run's model: missing {untied[:5]}, "
+                              f"unexpected {list(unexpected)[:5]}")
+
+
+def _torch_load(path: Path):
+    """A state dict read on the CPU (``load_state_dict`` moves optimiser state onto its parameters'
+    device; DDP on CPU names its device ``cpu:0``, which torch.load cannot map to)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_checkpoint(trainer, path: Path) -> int:
+    """Load a checkpoint into a set-up trainer (every rank); returns the step it was saved after."""
+    from safetensors.torch import load_model
+
+    acc = trainer.accelerator
+    state = json.loads((path / STATE_FILE).read_text())
+    if state["world_size"] != trainer.world:
+        raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} processes; resume it with "
+                              f"{state['world_size']} (this run has {trainer.world})")
+    _load_policy_weights(acc.unwrap_model(trainer.policy), path)
+    pass  # MUTATION
+    trainer.scheduler.load_state_dict(_torch_load(path / SCHEDULER_FILE))
+    if getattr(acc, "scaler", None) is not None and (path / SCALER_FILE).exists():
+        acc.scaler.load_state_dict(_torch_load(path / SCALER_FILE))
+    if getattr(trainer, "critic", None) is not None:
+        load_model(acc.unwrap_model(trainer.critic), str(path / CRITIC_FILE))
+        trainer.critic_optimizer.load_state_dict(_torch_load(path / CRITIC_OPTIMIZER_FILE))
+    _set_rng_state(_torch_load(path / f"rng-rank{trainer.rank}.pt"))
+    trainer.tokens_seen = float(state["tokens_seen"])
+    return int(state["step"])
+
+
+def resume(trainer) -> int:
+    """Load the run's newest checkpoint (if any) and record the resume; returns the first step to
+    train. Call after ``setup`` and before the first step."""
+    latest = latest_checkpoint(trainer.run_dir)
+    start = 0 if latest is None else load_checkpoint(trainer, latest[1]) + 1
+    trainer.events.emit("resume", start, checkpoint=None if latest is None else str(latest[1]))
+    return start
