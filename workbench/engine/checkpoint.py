@@ -260,7 +260,7 @@ def load_checkpoint(trainer, path: Path) -> int:
         raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} processes; resume it with "
                               f"{state['world_size']} (this run has {trainer.world})")
     _load_policy_weights(acc.unwrap_model(trainer.policy), path)
-    pass  # MUTATION
+    trainer.optimizer.load_state_dict(_torch_load(path / OPTIMIZER_FILE))
     trainer.scheduler.load_state_dict(_torch_load(path / SCHEDULER_FILE))
     if getattr(acc, "scaler", None) is not None and (path / SCALER_FILE).exists():
         acc.scaler.load_state_dict(_torch_load(path / SCALER_FILE))

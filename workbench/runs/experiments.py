@@ -266,6 +266,14 @@ def reproduced(pairs: pd.DataFrame, expectation: Expectation) -> bool | None:
     return None
 
 
+def paper_direction(frame: pd.DataFrame, experiment: Experiment, window_frac: float | None = None) -> bool | None:
+    """``reproduced`` for the experiment's metric in ``experiment_frame`` (None: not both arms scored yet)."""
+    from workbench.analysis import final_window_values, pairwise
+
+    values = final_window_values(frame, experiment.expect.metric, experiment.window if window_frac is None else window_frac)
+    return reproduced(pairwise(values), experiment.expect) if len(values) > 1 else None
+
+
 def report(store: RunStore, group: str, experiment: Experiment, window_frac: float | None = None) -> str:
     """The verdict of each of the experiment's metrics for a launched group, as text (the README's numbers)."""
     from workbench.analysis import arm_summary, final_window_values, pairwise
@@ -282,10 +290,9 @@ def report(store: RunStore, group: str, experiment: Experiment, window_frac: flo
         for row in pairwise(values).itertuples():
             lines.append(f"  {metric:32s} {row.a} - {row.b}: {row.diff:+.4g} [{row.diff_ci_low:.4g}, {row.diff_ci_high:.4g}],"
                          f" P(A>B)={row.p_improvement:.2f}; {row.verdict}")
-        if metric == experiment.expect.metric:
-            outcome = reproduced(pairwise(values), experiment.expect)
-            lines.append(f"  paper's direction ({experiment.expect.higher} > {experiment.expect.lower} on {metric}): "
-                         f"{'reproduced' if outcome else 'not reproduced'}")
+    outcome = paper_direction(frame, experiment, window_frac)
+    lines.append(f"  paper's direction ({experiment.expect.higher} > {experiment.expect.lower} on "
+                 f"{experiment.expect.metric}): {'reproduced' if outcome else 'not reproduced'}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ import streamlit as st
 
 from workbench.runs import ACTIVE_STATUSES
 from workbench.runs.experiments import (EXPERIMENTS, Experiment, experiment_frame, experiment_groups, experiment_plan,
-                                        next_group)
+                                        next_group, paper_direction)
 from workbench.ui.common import LAUNCH_ERRORS, STATUS_ICONS, guarded_button, launch_planned_and_remember, verdict_table
 from workbench.ui.labs._shared import open_store
 from workbench.viz.arms import arm_figure
@@ -80,6 +80,23 @@ def _result(experiment: Experiment, group: str, polling: bool) -> None:
             st.plotly_chart(chart.figure, key=f"exp_chart_{metric}")
             st.caption(f"Mean over seeds per arm: {chart.caption}")
         verdict_table(frame, metric, experiment.window)
+    _paper_check(frame, experiment, live)
+
+
+def _paper_check(frame: pd.DataFrame, experiment: Experiment, live: bool) -> None:
+    """One line: does the table show the direction the paper reports?"""
+    outcome = paper_direction(frame, experiment)
+    expect = experiment.expect
+    claim = f"`{expect.higher}` > `{expect.lower}` on `{expect.metric}`"
+    if outcome is None:
+        return
+    if live:
+        st.caption(f"The paper's direction, {claim}: decided when the runs end.")
+    elif outcome:
+        st.success(f"Reproduced here: {claim}, the 95% interval of the difference excludes 0.", icon=":material/check:")
+    else:
+        st.warning(f"Not reproduced here: the 95% interval of {claim} does not exclude 0 with these seeds "
+                   "(see 'seeds needed' above).", icon=":material/help:")
 
 
 def render() -> None:
