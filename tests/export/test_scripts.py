@@ -265,7 +265,7 @@ def test_export_command_sbatch_uses_settings_defaults(capsys, fresh_home):
 def test_export_command_errors(capsys, fresh_home):
     code, out, err = run_export(["no-such-thing", "--to", "yaml"], capsys)
     assert (code, out) == (2, "")
-    assert "RUN_OR_RECIPE='no-such-thing' is not a preset (cispo, dapo" in err and "or a run id in the run store" in err
+    assert "RUN_OR_RECIPE='no-such-thing' is not a preset (cispo, clip_cov, dapo" in err and "or a run id in the run store" in err
     code, _, err = run_export(["grpo", "--to", "sbatch", "--partition", "gpu;reboot"], capsys)
     assert code == 2 and "partition='gpu;reboot' is not allowed" in err
     code, _, err = run_export(["grpo", "--to", "bash", "--set", "algorithm.advantage=ppo"], capsys)
