@@ -137,3 +137,16 @@ def test_a_constant_metric_is_drawn_flat_after_smoothing():
     df = pd.DataFrame({"run_id": "a", "step": range(20), "time": 0.0, "reward": 0.3})
     smooth = spec(metric_figure(df, "reward", smoothing=0.6))["data"][1]
     assert smooth["y"] == [0.3] * 20
+
+
+def test_eval_metrics_logged_every_n_steps_draw_one_connected_line():
+    """eval/* is logged at steps 0, 2 (every N) only: the panel exists and its trace joins those
+    points (a lines-only trace through NaN gaps would draw nothing between isolated points)."""
+    df = frame().assign(**{"eval/pass@1": [0.25, np.nan, 0.5, 0.0, np.nan, 0.75],
+                           "eval/reward": [0.3, np.nan, 0.6, 0.1, np.nan, 0.9]})
+    assert {"eval_accuracy", "eval_reward"} <= set(available_panels(df))
+    assert "eval_accuracy" not in available_panels(frame())
+    fig = spec(metric_figure(df, "eval_accuracy", labels={"a": "grpo", "b": "rloo"}))
+    assert [t["name"] for t in fig["data"]] == ["grpo", "rloo"]  # pass@k not logged: one trace per run
+    assert all(t["connectgaps"] for t in fig["data"])
+    assert fig["data"][0]["y"][0] == 0.25 and fig["data"][0]["y"][2] == 0.5 and np.isnan(fig["data"][0]["y"][1])

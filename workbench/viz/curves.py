@@ -29,6 +29,10 @@ class Panel:
 # The Compare page's charts, in display order. A metric a run never logged is simply absent.
 PANELS: dict[str, Panel] = {
     "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions."),
+    # held-out evaluation (eval.every): logged at step 0, every N steps and at the end only
+    "eval_accuracy": Panel("Held-out accuracy", ("eval/pass@1", "eval/pass@k"),
+                           "Held-out prompts never trained on: greedy pass@1 and pass@k at the eval temperature."),
+    "eval_reward": Panel("Held-out reward", ("eval/reward",), "Mean reward of greedy completions of the held-out prompts."),
     "reward_std": Panel("Reward std within groups", ("reward_std",),
                         "Mean over prompts of the std of the G rewards: the signal a group baseline can use."),
     "frac_reward_zero_std": Panel("Groups with zero reward std", ("frac_reward_zero_std",),
@@ -181,7 +185,10 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
                                          opacity=0.25, line={**line, "width": 1}, hoverinfo="skip",
                                          legendgroup=name))
                 ys = ema(ys, smoothing)
-            fig.add_trace(go.Scatter(x=xs, y=plotted(ys), name=name, mode="lines", line=line, legendgroup=name))
+            # connectgaps: a metric logged every N steps (eval/*) is one line through its points, not
+            # isolated points that a lines-only trace would not draw at all
+            fig.add_trace(go.Scatter(x=xs, y=plotted(ys), name=name, mode="lines", line=line, legendgroup=name,
+                                     connectgaps=True))
     fig.update_layout(
         title={"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, height=height,
         margin={"l": 40, "r": 10, "t": 70, "b": 40}, xaxis_title=X_LABELS[x], legend=LEGEND_PLACE,
