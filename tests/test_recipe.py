@@ -12,7 +12,7 @@ from workbench.core import ADVANTAGE_ESTIMATORS, AdvantageConfig, PolicyLossConf
 from workbench.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe, preset_names
 
 EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo",
-                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk"}
+                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax"}
 
 # The arXiv id of each preset's paper, which its header comment must name.
 PAPERS = {
@@ -31,6 +31,7 @@ PAPERS = {
     "kl_cov": "2505.22617",
     "opo": "2505.23585",
     "grpo_passk": "2503.19595",
+    "remax": "2310.10505",
 }
 
 # The settings that define each algorithm (dotted paths into the recipe).
@@ -160,6 +161,14 @@ DEFINING = {
         "algorithm.kl_cov_coef": 1.0,
         "algorithm.aggregation": "token-mean",
         "algorithm.kl_coef": 0.0,
+    },
+    "remax": {
+        "algorithm.advantage": "remax",
+        "algorithm.policy_loss": "reinforce",
+        "sampling.num_generations": 1,
+        "sampling.prompts_per_step": 32,  # one sample per prompt: the batch of the others, 32 completions
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 1,
     },
     "opo": {
         "algorithm.advantage": "opo",

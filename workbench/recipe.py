@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from workbench.core.choices import (
     ADVANTAGE_NAMES,
     AGGREGATION_NAMES,
+    BASELINE_ESTIMATORS,
     CISPO_BOUNDS,
     CRITIC_ESTIMATORS,
     GROUP_ESTIMATORS,
@@ -28,8 +29,10 @@ from workbench.core.choices import (
     GSPO_VARIANTS,
     KL_ESTIMATOR_NAMES,
     KL_PLACEMENTS,
+    MULTI_REWARD_MODES,
     POLICY_LOSS_NAMES,
     REINFORCE_FORMS,
+    ROLLOUT_CORRECTIONS,
     TOKEN_LEVEL_ESTIMATORS,
     PolicyLossConfig,
 )
@@ -59,6 +62,7 @@ MAX_MU = 64
 MAX_THREADS = 256  # the machine's CPUs are checked where the run starts (check_fits_machine)
 MAX_LOGGED_ROWS = 4096  # samples / diagnostics sequences per step
 MAX_SEED = 2**32 - 1  # numpy's limit
+MAX_STALENESS = 64  # train.staleness: k + 1 CPU copies of the policy are kept
 
 MAX_EVAL_PROMPTS = 4096
 #: Tasks named ``reasoning_gym/<dataset>`` come from PyPI reasoning-gym (engine/reasoning.py).
@@ -101,6 +105,8 @@ _NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "gspo_variant": lambda: GSPO_VARIANTS,
     "cispo_bounds": lambda: CISPO_BOUNDS,
     "reinforce_form": lambda: REINFORCE_FORMS,
+    "rollout_correction": lambda: ROLLOUT_CORRECTIONS,
+    "multi_objective_aggregation": lambda: MULTI_REWARD_MODES,
 }
 
 
@@ -161,6 +167,16 @@ class Algorithm(_Section):
     """Off-policy sequence masking (slime): drop A<0 sequences whose mean drift exceeds delta."""
     mask_truncated: bool = False
     """DAPO overlong filtering: completions cut at max length get no loss."""
+    rollout_correction: str = "none"
+    """Importance-sampling correction for rollout / trainer mismatch (TRL vllm_importance_sampling_mode, verl rollout_is, OpenRLHF is_correction_type): each token's policy loss is multiplied by w = pi_old / pi_rollout of the trainer's and the rollout engine's log-probs. none, token_truncate (TIS: w clamped to [min, max]), token_mask (MIS / IcePop: w = 0 outside [min, max]), sequence_truncate / sequence_mask (one w per completion, the product of its token ratios). Matters with vLLM, bf16 rollouts or train.staleness > 0."""
+    rollout_correction_min: float | None = Field(None, ge=0)
+    """Lower bound of the IS weight (TRL vllm_importance_sampling_clip_min, default None = no bound; IcePop 0.5)."""
+    rollout_correction_max: float | None = Field(3.0, gt=0)
+    """Upper bound of the IS weight (TRL vllm_importance_sampling_clip_max 3.0; verl rollout_is_threshold 2.0; IcePop 5)."""
+    top_entropy_quantile: float = Field(1.0, ge=0, le=1)
+    """Train only on the highest-entropy tokens ("Beyond the 80/20 Rule", Wang et al. 2025; TRL top_entropy_quantile rho): tokens below the (1 - rho) entropy quantile of the batch's loss tokens get no policy loss. 1.0 = off (every token); the paper uses 0.2."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """Several reward functions (TRL multi_objective_aggregation): sum_then_normalize (the weighted sum is the reward, the estimator normalises it) or normalize_then_sum (GDPO, verl gdpo: each function's scores are standardised within their group first, so one with a large scale cannot drown the others). Logged reward stays the weighted sum."""
     critic: bool = False
     """Train a value head (PPO). Required by advantage=gae; costs a second model's memory."""
     gamma: float = Field(1.0, ge=0, le=1)
@@ -188,6 +204,13 @@ class Algorithm(_Section):
                 f"algorithm.critic=true is only used by advantage={' / '.join(map(repr, sorted(CRITIC_ESTIMATORS)))}, not {self.advantage!r}"
             )
         PolicyLossConfig(**self.policy_loss_kwargs())  # clip_c/delta vs eps_high, with the field names
+        lo, hi = self.rollout_correction_min, self.rollout_correction_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"algorithm.rollout_correction_min={lo} must not exceed algorithm.rollout_correction_max={hi}")
+        if self.advantage in BASELINE_ESTIMATORS and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"algorithm.advantage={self.advantage!r} subtracts a greedy completion's reward: it needs "
+                f"multi_objective_aggregation='sum_then_normalize', not {self.multi_objective_aggregation!r}")
         return self
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
@@ -215,6 +238,10 @@ class Sampling(_Section):
     """L_max: completions are cut here (and the Dr. GRPO normaliser uses it). Prompt + completion must fit the model's positions."""
     max_prompt_length: int | None = Field(None, ge=1, le=MAX_COMPLETION_LENGTH)
     """Longer prompts keep their last tokens (left truncation, as TRL; counted in prompts/truncated_ratio). None = no limit."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (Yu et al. 2025; verl filter_groups): groups whose G rewards are all equal (no learning signal) are dropped and more prompts sampled until prompts_per_step groups have a spread. Costs extra rollouts; the rounds it took are logged (dynamic_sampling/rounds)."""
+    dynamic_sampling_max_rounds: int = Field(4, ge=1, le=MAX_MU)
+    """Cap on rollout rounds per step with dynamic_sampling (verl max_num_gen_batches): after it, dropped groups fill the batch (logged as dynamic_sampling/filled_groups)."""
 
 
 class Optim(_Section):
@@ -253,6 +280,8 @@ class Train(_Section):
     """Generation backend: hf (transformers generate) or vllm (colocated, weights synced each step)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Mixed precision (accelerate). CPU runs use fp32."""
+    staleness: int = Field(0, ge=0, le=MAX_STALENESS)
+    """Rollouts are generated by the policy of k optimiser updates ago, as in asynchronous trainers (the RLHF book, asynchronicity): the ratio then drifts from 1, and clipping and rollout_correction visibly matter. Old log-probs are still recomputed by the trainer with the current weights. 0 = on-policy generation (today's runs, exactly); k keeps k + 1 CPU copies of the weights."""
     threads: int = Field(1, ge=1, le=MAX_THREADS)
     """torch threads per CPU process (on 2 cores, 1 is fastest for generation); at most the CPUs of the machine it runs on."""
 

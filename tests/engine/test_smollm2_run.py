@@ -36,7 +36,7 @@ def test_smollm2_grpo_on_reasoning_gym_with_chat_template_and_eval(smollm2_dir, 
 
     for step, m in metrics.items():
         # rollout (generate) and trainer log-probs of the same tokens agree in fp32
-        assert m["sampling/logprob_diff/max"] < LOGPROB_TOLERANCE, (step, m["sampling/logprob_diff/max"])
+        assert m["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE, (step, m["sampling/sampling_logp_difference/max"])
         assert m["prompts/truncated_ratio"] == 0.0
         assert 0.0 <= m["reward"] <= 1.2 and m["rewards/reasoning_gym/mean"] >= 0.0
     # eval of the untrained policy at step 0, of the final policy (2 updates) in the last line

@@ -44,7 +44,7 @@ def test_every_metric_of_the_event_stream_is_a_tensorboard_scalar(tensorboard_ru
     events = metrics_of(run_dir)
     tags = set(acc.Tags()["scalars"])
     assert set(events[-1]) <= tags, set(events[-1]) - tags
-    for name in ("kl", "loss/policy", "completions/mean_length", "sampling/logprob_diff/max"):
+    for name in ("kl", "loss/policy", "completions/mean_length", "sampling/sampling_logp_difference/max"):
         assert [s.value for s in acc.Scalars(name)] == [as_float32(m[name]) for m in events], name
 
 

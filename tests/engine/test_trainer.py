@@ -17,7 +17,12 @@ DESIGN_METRICS = {
     "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/low_mean",
     "clip_ratio/high_mean", "clip_ratio/region_mean", "completions/mean_length",
     "completions/clipped_ratio", "loss/policy", "grad_norm", "perf/step_time", "perf/tokens_per_s",
-    "sampling/logprob_diff/mean", "sampling/logprob_diff/max",
+    "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+    # TRL GRPOTrainer parity (issue 13)
+    "num_tokens", "completions/mean_terminated_length", "completions/min_terminated_length",
+    "completions/max_terminated_length", "clip_ratio/low_min", "clip_ratio/high_max",
+    "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max", "kl/token_std",
 }
 PRESET_STEPS = 30
 #: Runs per preset. One seed decides nothing: float results differ between CPUs, so a fixed seed

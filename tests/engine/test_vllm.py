@@ -133,7 +133,7 @@ def test_weights_are_synced_after_every_optimiser_step(tiny_path, few_problems, 
         ms = [trainer.step(s) for s in range(4)]
         assert [trainer.rollout_backend.syncs] == [4]
         for m in ms:
-            assert m["sampling/logprob_diff/max"] < FP32_LOGPROB_BOUND, m["sampling/logprob_diff/max"]
+            assert m["sampling/sampling_logp_difference/max"] < FP32_LOGPROB_BOUND, m["sampling/sampling_logp_difference/max"]
         _, out = trainer.rollout(4)
         policy = trainer.accelerator.unwrap_model(trainer.policy)
         now, _ = logprobs_and_entropy(policy, out, 1.0, with_entropy=False)
@@ -159,7 +159,7 @@ def test_grpo_with_vllm_rollouts_learns(tiny_path, few_problems, tmp_path):
         assert status == "finished"
         ms = metrics_of(tmp_path / f"seed{seed}")
         assert len(ms) == 30
-        assert max(m["sampling/logprob_diff/max"] for m in ms) < FP32_LOGPROB_BOUND
+        assert max(m["sampling/sampling_logp_difference/max"] for m in ms) < FP32_LOGPROB_BOUND
         curves.append([m["reward"] for m in ms])
     ok, gain, se = learns_over_seeds(curves)
     assert ok, f"mean reward gain over seeds {VLLM_SEEDS}: {gain:.3f} (standard error {se:.3f})"

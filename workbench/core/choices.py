@@ -37,6 +37,9 @@ MULTI_REWARD_MODES: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum
 # ---- rollout / trainer mismatch (correction.py) ---------------------------------------------------
 IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 IS_MODES: tuple[str, ...] = ("truncate", "mask")
+# The recipe's ``algorithm.rollout_correction``: off, or "{level}_{mode}" (TRL's
+# ``vllm_importance_sampling_mode`` spelling: token_truncate, token_mask, sequence_truncate, sequence_mask).
+ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", *(f"{level}_{mode}" for level in IS_LEVELS for mode in IS_MODES))
 
 # ---- KL (kl.py) ---------------------------------------------------------------------------------
 KL_PLACEMENTS: tuple[str, ...] = ("in_reward", "in_loss")

@@ -60,7 +60,7 @@ def rollout_correction(
         log_w = diff
     w = torch.exp(log_w.clamp(-IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP))
     if mode == "truncate":
-        w = w.clamp(min=clip_min, max=clip_max)
+        w = w.clamp(min=clip_min, max=clip_max) if (clip_min, clip_max) != (None, None) else w  # no bounds: raw ratios
     else:
         low = w < clip_min if clip_min is not None else torch.zeros_like(w, dtype=torch.bool)
         high = w > clip_max if clip_max is not None else torch.zeros_like(w, dtype=torch.bool)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .advantages import equal_groups
-from .masked import masked_mean
+from .masked import masked_mean, masked_var
 
 
 def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
@@ -39,6 +39,33 @@ def length_metrics(mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, tor
         "completions/max_length": lengths.max(),
         "completions/clipped_ratio": truncated.float().mean(),
     }
+
+
+def terminated_length_metrics(mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``completions/{mean,min,max}_terminated_length``: the lengths of the completions that ended
+    with a stop token (not cut at max length), as TRL logs them; all 0 when none did (TRL's rule).
+    mask (B, T), truncated (B,) bool."""
+    lengths = mask.sum(dim=1).float()[~truncated.bool()]
+    if lengths.numel() == 0:
+        lengths = torch.zeros(1, device=mask.device)
+    return {f"completions/{n}_terminated_length": getattr(lengths, n)() for n in ("mean", "min", "max")}
+
+
+def reward_function_metrics(name: str, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``rewards/{name}/mean`` and ``rewards/{name}/std`` of one reward function's raw scores (B,),
+    over the completions it scored (NaN = returned None, skipped), as TRL: the std is Bessel-
+    corrected (TRL ``nanstd``); NaN when it scored none, std NaN when it scored one."""
+    scored = values[~torch.isnan(values)].float()
+    nan = torch.tensor(float("nan"))
+    mean = scored.mean() if scored.numel() else nan
+    std = scored.std() if scored.numel() > 1 else nan
+    return {f"rewards/{name}/mean": mean, f"rewards/{name}/std": std}
+
+
+def token_std_metric(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Standard deviation over valid tokens (Bessel-corrected; 0 with fewer than 2), e.g.
+    ``kl/token_std``: the spread of the per-token KL estimate behind its mean ``kl``."""
+    return masked_var(values.detach().float(), mask).sqrt()
 
 
 def token_mean_metric(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

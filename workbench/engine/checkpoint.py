@@ -8,7 +8,7 @@ Layout of ``run_dir``::
         optimizer.pt, scheduler.pt (+ scaler.pt under fp16)       state dicts (``torch.save``)
         critic.safetensors, critic_optimizer.pt                   PPO's critic and its optimiser
         rng-rank{r}.pt                                            python / numpy / torch CPU (+ CUDA) RNG of rank r
-        trainer_state.json                                        step, tokens_seen, world_size: written last
+        trainer_state.json                                        step, tokens_seen, num_tokens, world_size: written last
     final/                          the finished policy + tokenizer: ``AutoModelForCausalLM.from_pretrained(final)``
 
 Atomic: a checkpoint is written into a hidden ``.tmp-step-N`` folder and renamed to ``step-N`` by
@@ -181,7 +181,7 @@ def save_checkpoint(trainer, step: int) -> Path:
         _save_model_files(trainer, tmp)
     acc.wait_for_everyone()  # every rank's RNG file is in place
     if acc.is_main_process:
-        state = {"step": step, "tokens_seen": trainer.tokens_seen, "world_size": trainer.world}
+        state = {"step": step, "tokens_seen": trainer.tokens_seen, "num_tokens": trainer.num_tokens_seen, "world_size": trainer.world}
         (tmp / STATE_FILE).write_text(json.dumps(state))
         if final.exists():  # the same step saved by an attempt that crashed before it counted
             shutil.rmtree(final)
@@ -269,6 +269,9 @@ def load_checkpoint(trainer, path: Path) -> int:
         trainer.critic_optimizer.load_state_dict(_torch_load(path / CRITIC_OPTIMIZER_FILE))
     _set_rng_state(_torch_load(path / f"rng-rank{trainer.rank}.pt"))
     trainer.tokens_seen = float(state["tokens_seen"])
+    trainer.num_tokens_seen = float(state.get("num_tokens", 0.0))  # checkpoints from before num_tokens: 0
+    trainer.snapshots.clear()  # train.staleness: the deque starts afresh from the resumed weights
+    trainer.snapshot_weights()
     return int(state["step"])
 
 

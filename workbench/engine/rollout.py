@@ -92,6 +92,31 @@ def valid_token_lists(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
 
 
+def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
+    """One Rollout of several (rows in order). Prompts are left-padded again to the widest (extra
+    pad is masked out and positions follow the mask, so log-probs do not change); completions
+    are all L_max wide already. ``prompts_truncated`` adds up."""
+    width = max(p.prompt_ids.shape[1] for p in parts)
+
+    def left(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+    logps = [p.rollout_logp for p in parts]
+    return Rollout(
+        torch.cat([left(p.prompt_ids, pad_id) for p in parts]), torch.cat([left(p.prompt_mask, 0) for p in parts]),
+        torch.cat([p.completion_ids for p in parts]), torch.cat([p.completion_mask for p in parts]),
+        torch.cat([p.truncated for p in parts]), None if any(x is None for x in logps) else torch.cat(logps),
+        [c for p in parts for c in p.completions], sum(p.prompts_truncated for p in parts))
+
+
+def select_rows(out: Rollout, idx: Sequence[int], prompts_truncated: int) -> Rollout:
+    """The rows ``idx`` of a Rollout (a truncated-prompt count per row is not kept: the caller says it)."""
+    t = torch.as_tensor(list(idx), dtype=torch.long, device=out.completion_ids.device)
+    return Rollout(out.prompt_ids[t], out.prompt_mask[t], out.completion_ids[t], out.completion_mask[t], out.truncated[t],
+                   None if out.rollout_logp is None else out.rollout_logp[t], [out.completions[i] for i in idx],
+                   prompts_truncated)
+
+
 def _pad_right(ids: torch.Tensor, length: int, pad_id: int) -> torch.Tensor:
     if ids.shape[1] >= length:
         return ids[:, :length]

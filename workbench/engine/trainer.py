@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections import deque
 import math
 import random
 import signal
@@ -34,23 +35,31 @@ from workbench.core import (
     aggregate_loss,
     batch_normalizers,
     clipped_value_loss,
+    combine_rewards,
     compute_advantages,
     compute_policy_loss,
+    high_entropy_mask,
     kl_per_token,
     length_metrics,
     masked_mean,
     opsm_mask,
+    reward_function_metrics,
     reward_metrics,
+    rollout_correction,
+    terminated_length_metrics,
     token_mean_metric,
     token_objective,
+    token_std_metric,
     truncation_mask,
 )
+from workbench.core.advantages import equal_groups
+from workbench.core.choices import BASELINE_ESTIMATORS
 from workbench.engine import checkpoint
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.lens import SameBatchLens
 from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function, reward_weights_for
-from workbench.engine.rollout import ROLLOUT_BACKENDS, valid_token_lists
+from workbench.engine.rollout import ROLLOUT_BACKENDS, concat_rollouts, select_rows, valid_token_lists
 from workbench.engine.evaluation import Evaluator, eval_due
 from workbench.engine.models import load_policy, resolve_model
 from workbench.engine.tasks import load_dataset_rows, resolve_task
@@ -60,6 +69,11 @@ PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 TASK_DATASET_SIZE = 2048
 ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
+DYNAMIC_ROUND_SEED = 104_729  # offsets the prompt order and sampling seeds of dynamic sampling's later rounds
+#: Per-micro-batch metrics whose step value is TRL's: the min / max over ranks of each micro-batch's
+#: value, averaged over the step's micro-batches (TRL appends nanmin / nanmax of the gathered values
+#: per compute_loss call and logs the mean of the list). Source metric -> (logged name, reduction).
+RANK_EXTREMES = {"clip_ratio/low_mean": ("clip_ratio/low_min", "min"), "clip_ratio/high_mean": ("clip_ratio/high_max", "max")}
 
 
 class Cancelled(Exception):
@@ -88,6 +102,7 @@ class StepBatch:
     old_logp: torch.Tensor | None
     ref_logp: torch.Tensor | None
     old_values: torch.Tensor | None
+    is_weights: torch.Tensor | None = None  # (B, T) rollout-correction weights, None = off
 
     def rows(self, idx: torch.Tensor) -> "StepBatch":
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if getattr(self, f.name) is not None})
@@ -183,7 +198,10 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
-        self.tokens_seen = 0.0
+        self.tokens_seen = 0.0  # completion tokens (perf/tokens)
+        self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
+        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=recipe.train.staleness + 1)
+        self.behaviour = None  # the stale copy that generates when train.staleness > 0
         torch.set_num_threads(recipe.train.threads)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
@@ -233,23 +251,118 @@ class Trainer:
             critic = ValueModel(acc.unwrap_model(self.policy)).to(acc.device)
             copt = torch.optim.AdamW(critic.parameters(), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
             self.critic, self.critic_optimizer = acc.prepare(critic, copt)
+        if r.train.staleness:
+            self.behaviour, _ = load_policy(r.model, device=acc.device)
+            self.behaviour.eval().requires_grad_(False)
+            self.snapshot_weights()
         if r.logging.log_with:
             acc.init_trackers(r.name, config=tracker_config(r.to_dict()))
 
+    # -- staleness ----------------------------------------------------------------------------
+    def snapshot_weights(self) -> None:
+        """Keep a CPU copy of the policy's weights (after each update, train.staleness > 0): the
+        deque holds the last k + 1, so its oldest is the policy of k updates ago."""
+        if self.behaviour is not None:
+            state = self.accelerator.unwrap_model(self.policy).state_dict()
+            self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+
+    def generation_model(self):
+        """The policy that samples: the current one, or with train.staleness = k the one of k
+        optimiser updates ago (of the first weights while fewer than k updates have run; a
+        resumed run starts its deque afresh from the resumed weights)."""
+        if self.behaviour is None:
+            return self.accelerator.unwrap_model(self.policy)
+        self.behaviour.load_state_dict(self.snapshots[0])
+        return self.behaviour
+
     # -- one step -----------------------------------------------------------------------------
-    def rollout(self, step: int):
+    def rollout(self, step: int, round_: int = 0):
+        """This rank's prompts of ``step``, G completions each. Dynamic sampling's later rounds
+        (round_ >= 1) draw other prompts (another seeded order) and other sampling seeds."""
         r = self.recipe
         G = r.sampling.num_generations
-        rows = prompts_for_step(self.rows, step, r.sampling.prompts_per_step, self.rank, self.world, r.train.seed)
+        rows = prompts_for_step(self.rows, step, r.sampling.prompts_per_step, self.rank, self.world,
+                                r.train.seed + round_ * DYNAMIC_ROUND_SEED)
         rows = [row for row in rows for _ in range(G)]  # groups contiguous
         out = self.rollout_backend.generate(
-            self.accelerator.unwrap_model(self.policy), self.tokenizer, [row["prompt"] for row in rows],
+            self.generation_model(), self.tokenizer, [row["prompt"] for row in rows],
             temperature=r.sampling.temperature, top_p=r.sampling.top_p,
             max_new_tokens=r.sampling.max_completion_length,
-            seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
+            seed=(r.train.seed * 1_000_003 + step + round_ * DYNAMIC_ROUND_SEED) * self.world + self.rank,
             system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
         )
         return rows, out
+
+    def sample(self, step: int):
+        """(rows, rollout, rewards (B,), per-function rewards, metrics): one rollout, or with
+        sampling.dynamic_sampling DAPO's loop (verl filter_groups): groups whose G rewards are
+        all equal (core's exact test; zero advantage under every group estimator) are dropped
+        and new prompts sampled until every rank has prompts_per_step / world informative groups
+        or dynamic_sampling_max_rounds rounds ran; then dropped groups fill what is missing, so
+        the batch keeps its size. All ranks run the same number of rounds (the shortfall is
+        summed over ranks). Logged: dynamic_sampling/rounds, dynamic_sampling/filled_groups."""
+        r = self.recipe
+        rows, out = self.rollout(step)
+        rewards, per_fn = self.score(rows, out, step)
+        if not r.sampling.dynamic_sampling:
+            return rows, out, rewards, per_fn, {}
+        G, need = r.sampling.num_generations, len(rows) // r.sampling.num_generations
+        parts = [(rows, out, rewards, per_fn)]
+        rounds = 1
+        while True:
+            informative = sum(int((~equal_groups(p[2].view(-1, G))[:, 0]).sum()) for p in parts)
+            short = torch.tensor(float(max(need - informative, 0)), device=self.accelerator.device)
+            short = self.accelerator.reduce(short, reduction="sum") if self.world > 1 else short
+            if float(short) == 0 or rounds == r.sampling.dynamic_sampling_max_rounds:
+                break
+            rows, out = self.rollout(step, rounds)
+            parts.append((rows, out, *self.score(rows, out, step)))
+            rounds += 1
+        all_rows = [row for p in parts for row in p[0]]
+        all_out = concat_rollouts([p[1] for p in parts], self.tokenizer.pad_token_id)
+        all_rewards = torch.cat([p[2] for p in parts])
+        equal = equal_groups(all_rewards.view(-1, G))[:, 0].tolist()
+        groups = ([g for g, e in enumerate(equal) if not e] + [g for g, e in enumerate(equal) if e])[:need]
+        filled = sum(equal[g] for g in groups)
+        idx = [g * G + j for g in groups for j in range(G)]
+        filled_t = torch.tensor(float(filled), device=self.accelerator.device)
+        filled_t = self.accelerator.reduce(filled_t, reduction="sum") if self.world > 1 else filled_t
+        per_fn = {name: torch.cat([p[3][name] for p in parts])[idx] for name in parts[0][3]}
+        # prompts_truncated: per row it is not kept; the first round's count stands for the batch
+        out = select_rows(all_out, idx, parts[0][1].prompts_truncated)
+        return ([all_rows[i] for i in idx], out, all_rewards[idx], per_fn,
+                {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filled_groups": float(filled_t)})
+
+    def greedy_baselines(self, rows, step: int) -> torch.Tensor:
+        """ReMax's baselines (B,): the reward of one greedy completion (temperature 0) of each
+        prompt by the policy that sampled, repeated over its G completions. Not trained on."""
+        r = self.recipe
+        G = r.sampling.num_generations
+        prompt_rows = rows[::G]
+        out = self.rollout_backend.generate(
+            self.generation_model(), self.tokenizer, [row["prompt"] for row in prompt_rows],
+            temperature=0.0, top_p=1.0, max_new_tokens=r.sampling.max_completion_length,
+            seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
+            system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
+        )
+        total, _ = self.score(prompt_rows, out, step)
+        return total.repeat_interleave(G)
+
+    def training_rewards(self, total: torch.Tensor, per_fn: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The reward the estimator sees (B,): the weighted sum (sum_then_normalize), or with
+        normalize_then_sum (GDPO) each function's scores standardised within their group before
+        the weighted sum (core.combine_rewards). A None score has no group statistics there, so
+        normalize_then_sum refuses it, naming the function."""
+        r = self.recipe
+        if r.algorithm.multi_objective_aggregation == "sum_then_normalize":
+            return total
+        for name, values in per_fn.items():
+            if torch.isnan(values).any():
+                raise ValueError(f"reward function {name!r} returned None for some completions: "
+                                 "algorithm.multi_objective_aggregation='normalize_then_sum' needs every score")
+        per_func = torch.stack(list(per_fn.values()), dim=1).to(total.device)
+        weights = torch.tensor(self.reward_weights, dtype=per_func.dtype, device=total.device)
+        return combine_rewards(per_func, weights, "normalize_then_sum", group_size=r.sampling.num_generations)
 
     def score(self, rows, out, step: int):
         ids = valid_token_lists(out.completion_ids, out.completion_mask)
@@ -261,8 +374,9 @@ class Trainer:
         return total.to(self.accelerator.device), per_fn
 
     @torch.no_grad()
-    def prepare_batch(self, out, rewards: torch.Tensor):
-        """Old / reference log-probs, values, KL-in-reward and global-batch advantages."""
+    def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None):
+        """Old / reference log-probs, values, KL-in-reward, rollout-correction weights and
+        global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
         r, acc = self.recipe, self.accelerator
         a = r.algorithm
         mask = out.completion_mask
@@ -270,7 +384,11 @@ class Trainer:
         # besides the single-pass ratio (which uses logp.detach()) needs them: the ratio of later
         # passes, and the KL to the reference. The rollout engine's log-probs are other numbers
         # (vLLM: renormalised under top_p < 1, possibly bf16); verl and OpenRLHF recompute too.
-        needs_old = not r.train.single_pass or self.reference is not None
+        correct = a.rollout_correction != "none"
+        if correct and out.rollout_logp is None:
+            raise ValueError(f"algorithm.rollout_correction={a.rollout_correction!r} needs the rollout engine's log-probs, "
+                             f"and rollout backend {r.train.rollout!r} gave none")
+        needs_old = not r.train.single_pass or self.reference is not None or correct
         old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0] if needs_old else None
         ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
@@ -280,12 +398,19 @@ class Trainer:
         g_rewards, g_mask = acc.gather(rewards), acc.gather(mask)
         g_kl = acc.gather(kl) if kl is not None else None
         g_values = acc.gather(old_values) if old_values is not None else None
-        adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values)
+        g_baselines = acc.gather(baselines) if baselines is not None else None
+        adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values,
+                                 baselines=g_baselines)
         B = mask.shape[0]
         mine = slice(self.rank * B, (self.rank + 1) * B)
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
+        is_weights = None
+        if correct:  # w = pi_old / pi_rollout per token or sequence, bounded (core.rollout_correction)
+            level, mode = a.rollout_correction.split("_")
+            is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, level=level, mode=mode,
+                                               clip_min=a.rollout_correction_min, clip_max=a.rollout_correction_max)
         batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
-                          adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values)
+                          adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights)
         return batch, (g_rewards, g_mask, g_kl, adv.advantages)
 
     def _global_counts(self, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,6 +432,14 @@ class Trainer:
         if a.opsm_delta is not None:
             loss_mask = opsm_mask(logp, old, mb.advantages, loss_mask, a.opsm_delta)
         pg, diag = compute_policy_loss(a.policy_loss, logp, old, mb.advantages, loss_mask, r.policy_loss_config())
+        # Per-token weights of the policy loss, as TRL applies them (the normalisers stay those of
+        # the loss mask): the rollout-correction weight w_t, and top_entropy_quantile's 0/1 mask.
+        if mb.is_weights is not None:
+            pg = pg * mb.is_weights
+        kept = None
+        if a.top_entropy_quantile < 1.0:
+            kept = self._high_entropy_tokens(entropy, mb.loss_mask)
+            pg = pg * kept
         kl_loss = kl_per_token(a.kl_estimator, logp, mb.ref_logp, mb.completion_mask) if (a.kl_placement == "in_loss" and mb.ref_logp is not None) else None
         objective = token_objective(pg, kl=kl_loss, kl_coef=a.kl_coef if kl_loss is not None else 0.0,
                                     entropy=entropy, entropy_coef=a.entropy_coef)
@@ -316,6 +449,8 @@ class Trainer:
         metrics = {k: v.detach() for k, v in diag.metrics.items()}
         metrics["loss/policy"] = aggregate_loss(a.aggregation, pg.detach(), loss_mask, **norm) * scale
         metrics["entropy"] = token_mean_metric(entropy, mb.completion_mask)  # detached inside
+        if kept is not None:
+            metrics["entropy/top_quantile_kept"] = masked_mean(kept, mb.loss_mask)
         total = policy_loss
         if self.critic is not None:
             values = self.critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
@@ -330,12 +465,24 @@ class Trainer:
             raise NonFiniteLossError(f"the loss is {total.item()} (policy {policy_loss.item()}); stopping before the update")
         return total, metrics, logp.detach(), diag
 
+    def _high_entropy_tokens(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """top_entropy_quantile's mask (B_micro, T): the entropy threshold is the quantile over
+        every rank's loss tokens of this micro-batch (TRL gathers them too), applied to mine."""
+        rho = self.recipe.algorithm.top_entropy_quantile
+        if self.world == 1:
+            return high_entropy_mask(entropy.detach(), loss_mask, rho)
+        acc = self.accelerator
+        g_entropy, g_mask = acc.gather(entropy.detach().contiguous()), acc.gather(loss_mask.contiguous())
+        B = loss_mask.shape[0]
+        return high_entropy_mask(g_entropy, g_mask, rho)[self.rank * B:(self.rank + 1) * B]
+
     def optimise(self, batch: StepBatch, step: int):
         """mu passes x minibatches x micro-batches. Returns averaged metrics and last-pass
         per-token diagnostics (ratio, region, zero_grad) for every row."""
         r = self.recipe
         B = batch.completion_mask.shape[0]
         sums: dict[str, float] = {}
+        per_micro: dict[str, list[float]] = {k: [] for k in RANK_EXTREMES}
         count = 0
         grad_norms = []
         last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.full_like(batch.completion_mask, -1, dtype=torch.long),
@@ -348,6 +495,8 @@ class Trainer:
                 for metrics, logp in self.accumulate_gradients(batch, mb_idx.to(batch.completion_mask.device), last):
                     for k, v in metrics.items():
                         sums[k] = sums.get(k, 0.0) + float(v)
+                        if k in per_micro:
+                            per_micro[k].append(float(v))
                     count += 1
                     if first_logp is None and r.train.single_pass:
                         first_logp = logp
@@ -358,7 +507,24 @@ class Trainer:
         metrics = {k: v / (updates if k in ADDITIVE_METRICS else count) for k, v in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics.update(self._rank_extremes(per_micro))
         return metrics, last, first_logp
+
+    def _rank_extremes(self, per_micro: dict[str, list[float]]) -> dict[str, float]:
+        """TRL's ``clip_ratio/low_min`` / ``high_max``: per micro-batch the min / max over ranks,
+        then the mean over micro-batches (one rank: the mean itself). Every rank runs the same
+        number of micro-batches, so the gathered lists line up."""
+        out = {}
+        for name, values in per_micro.items():
+            if not values:
+                continue
+            t = torch.tensor(values, device=self.accelerator.device)
+            logged, how = RANK_EXTREMES[name]
+            if self.world > 1:
+                t = self.accelerator.gather(t[None])  # (world, micro-batches)
+                t = t.amin(dim=0) if how == "min" else t.amax(dim=0)
+            out[logged] = float(t.mean())
+        return out
 
     def accumulate_gradients(self, batch: StepBatch, mb_idx: torch.Tensor, last: dict):
         """Backward over one minibatch in ``train.grad_accum`` micro-batches, each normalised by
@@ -379,6 +545,7 @@ class Trainer:
         if not self.optimizer.step_was_skipped:  # fp16 loss scaling skipped the update: so does the schedule
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.snapshot_weights()
         if self.critic is not None:
             acc.clip_grad_norm_(self.critic.parameters(), max_norm)
             self.critic_optimizer.step()
@@ -403,10 +570,12 @@ class Trainer:
         # the policy that samples this step (after `step` updates); the last line gets the final one
         evaluated = self.evaluate(step) if self.evaluator and eval_due(step, r.eval.every) and not final_step else {}
         t0 = time.perf_counter()
-        rows, out = self.rollout(step)
-        t_gen = time.perf_counter() - t0
-        rewards, per_fn = self.score(rows, out, step)
-        batch, (g_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, rewards)
+        rows, out, rewards, per_fn, sampled = self.sample(step)
+        baselines = self.greedy_baselines(rows, step) if r.algorithm.advantage in BASELINE_ESTIMATORS else None
+        t_gen = time.perf_counter() - t0  # with rewards since dynamic sampling scores between rounds
+        train_rewards = self.training_rewards(rewards, per_fn)
+        batch, (g_train_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, train_rewards, baselines)
+        g_rewards = g_train_rewards if train_rewards is rewards else acc.gather(rewards)
         lens_due = self.lens.due(step)
         if lens_due:
             self.lens.snapshot()  # parameters the batch was sampled with
@@ -418,16 +587,20 @@ class Trainer:
         # ---- metrics (global batch) ----
         metrics = {k: float(acc.reduce(torch.tensor(v, device=acc.device), reduction="mean")) for k, v in metrics.items()} if self.world > 1 else metrics
         metrics.update({k: float(v) for k, v in reward_metrics(g_rewards.cpu(), r.sampling.num_generations).items()})
+        metrics.update(sampled)
         for name, values in per_fn.items():
             g = acc.gather(values.to(acc.device)).cpu()
-            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(g)) if torch.isfinite(g).any() else float("nan")
-        metrics.update({k: float(v) for k, v in length_metrics(g_mask.cpu(), acc.gather(out.truncated.to(acc.device)).cpu()).items()})
+            metrics.update({k: float(v) for k, v in reward_function_metrics(name, g).items()})
+        if baselines is not None:
+            metrics["remax/baseline_reward"] = float(acc.gather(baselines).mean())
+        g_truncated = acc.gather(out.truncated.to(acc.device)).cpu()
+        metrics.update({k: float(v) for k, v in length_metrics(g_mask.cpu(), g_truncated).items()})
+        metrics.update({k: float(v) for k, v in terminated_length_metrics(g_mask.cpu(), g_truncated).items()})
         metrics["kl"] = float(masked_mean(g_kl, g_mask)) if g_kl is not None else 0.0
+        metrics["kl/token_std"] = float(token_std_metric(g_kl, g_mask)) if g_kl is not None else 0.0
         trainer_logp = batch.old_logp if batch.old_logp is not None else first_logp
         if out.rollout_logp is not None and trainer_logp is not None:
-            diff = (out.rollout_logp - trainer_logp).abs() * out.completion_mask
-            metrics["sampling/logprob_diff/mean"] = float(acc.reduce(masked_mean(diff, out.completion_mask), reduction="mean"))
-            metrics["sampling/logprob_diff/max"] = float(acc.reduce(diff.max(), reduction="max") if self.world > 1 else diff.max())
+            metrics.update(self._sampling_metrics(trainer_logp, out))
         step_time = time.perf_counter() - t0
         metrics["perf/step_time"] = step_time
         metrics["perf/generation_time"] = t_gen
@@ -437,6 +610,9 @@ class Trainer:
         metrics["perf/tokens_per_s"] = float(g_mask.sum()) / step_time
         self.tokens_seen += float(g_mask.sum())
         metrics["perf/tokens"] = self.tokens_seen  # cumulative completion tokens (the UI's tokens x-axis)
+        seen = out.prompt_mask.sum() + out.completion_mask.sum()
+        self.num_tokens_seen += float(acc.reduce(seen, reduction="sum") if self.world > 1 else seen)
+        metrics["num_tokens"] = self.num_tokens_seen  # TRL: cumulative prompt + completion tokens
         metrics["completions/count"] = float(g_mask.shape[0])  # the global batch, all ranks
         truncated = torch.tensor(float(out.prompts_truncated), device=acc.device)
         truncated = acc.reduce(truncated, reduction="sum") if self.world > 1 else truncated
@@ -454,6 +630,26 @@ class Trainer:
         if r.logging.log_with:
             acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         return metrics
+
+    def _sampling_metrics(self, trainer_logp: torch.Tensor, out) -> dict[str, float]:
+        """TRL's ``sampling/sampling_logp_difference/{mean,max}`` (|trainer - rollout engine|
+        per token) and ``sampling/importance_sampling_ratio/{min,mean,max}`` (the weights
+        rollout_correction applies; with it off, the raw token ratios pi_old / pi_rollout).
+        Over ranks: the mean of the ranks' means, the min / max of their min / max."""
+        a = self.recipe.algorithm
+        level, mode = a.rollout_correction.split("_") if a.rollout_correction != "none" else ("token", "truncate")
+        bounds = (a.rollout_correction_min, a.rollout_correction_max) if a.rollout_correction != "none" else (None, None)
+        _, stats = rollout_correction(trainer_logp, out.rollout_logp, out.completion_mask, level=level, mode=mode,
+                                      clip_min=bounds[0], clip_max=bounds[1])
+        if self.world > 1:
+            stats = {k: self._reduce(v, k.rsplit("/", 1)[1]) for k, v in stats.items()}
+        return {k: float(v) for k, v in stats.items()}
+
+    def _reduce(self, value: torch.Tensor, how: str) -> torch.Tensor:
+        """A scalar over ranks by ``how`` (mean / max / min; accelerate has no min: -max(-x))."""
+        if how == "min":
+            return -self.accelerator.reduce(-value, reduction="max")
+        return self.accelerator.reduce(value, reduction=how)
 
     def _emit_samples(self, step, rows, out, rewards, advantages) -> None:
         n = self.recipe.logging.samples_per_step

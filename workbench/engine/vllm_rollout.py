@@ -20,7 +20,7 @@ disabled, ``max_new_tokens``, stop at any of the model's EOS / end-of-turn ids, 
 per completion, completions right-padded to ``max_new_tokens``. The rollout
 log-probs are vLLM's ``processed_logprobs``: log-softmax of logits / temperature, i.e. exactly
 the trainer's ``log pi(token)`` when ``top_p == 1``; with ``top_p < 1`` they are the log-probs of
-the renormalised nucleus the token was actually drawn from, so ``sampling/logprob_diff`` then
+the renormalised nucleus the token was actually drawn from, so ``sampling/sampling_logp_difference`` then
 shows the off-policy gap that top_p creates (the ``hf`` backend reports the untruncated
 distribution).
 """
