@@ -187,9 +187,11 @@ def test_remax_baseline_is_the_reward_of_each_prompts_greedy_completion(wb_home,
     torch.testing.assert_close(batch.advantages, (rewards - baselines)[:, None] * batch.completion_mask)
 
 
-def test_remax_run_logs_its_baseline(wb_home, few_problems, tmp_path):
-    _, ms = run(recipe_for(few_problems, "train.steps=2", preset="remax"), tmp_path)
+def test_remax_run_logs_its_baseline_and_joins_the_lens(wb_home, few_problems, tmp_path):
+    _, ms = run(recipe_for(few_problems, "train.steps=2", "logging.lens_every=1", preset="remax"), tmp_path)
     assert all(0.0 <= m["remax/baseline_reward"] <= 1.2 for m in ms)
+    lens = [e for e in read_events(tmp_path) if e["kind"] == "lens"]
+    assert len(lens) == 2 and all("remax" in e["advantages"] and e["run"]["advantage"] == "remax" for e in lens)
 
 
 # ---- 5. several reward functions --------------------------------------------------------------

@@ -96,6 +96,12 @@ def test_panels_without_data_are_left_out():
     assert spec(metric_figure(frame(), "kl"))["data"] == []
 
 
+def test_trls_sampling_metrics_and_dynamic_sampling_have_panels():
+    logged = frame().assign(**{"sampling/sampling_logp_difference/max": [1e-6] * 6,
+                               "sampling/importance_sampling_ratio/mean": [1.0] * 6, "dynamic_sampling/rounds": [1.0, 2.0, 1.0] * 2})
+    assert {"sampling_mismatch", "importance_ratio", "dynamic_sampling"} <= set(available_panels(logged))
+
+
 def test_final_metrics_table_values():
     table = final_metrics_table(frame(), labels={"a": "grpo"}, last_k=2)
     assert table["run"].tolist() == ["grpo", "b"]

@@ -205,8 +205,9 @@ class SameBatchLens:
     def snapshot(self) -> None:
         self._before = parameters_to_vector(self._params()).detach().clone()
 
-    def evaluate(self, batch, g_rewards, g_mask, g_kl, n_sequences: int) -> dict:
-        """The lens payload for the step whose ``snapshot()`` was taken (see module docstring)."""
+    def evaluate(self, batch, g_rewards, g_mask, g_kl, n_sequences: int, g_baselines=None) -> dict:
+        """The lens payload for the step whose ``snapshot()`` was taken (see module docstring).
+        g_baselines (B_global,): ReMax's greedy rewards when the run generated them."""
         from workbench.engine.forward import logprobs_and_entropy  # the engine's own forward
 
         t0 = time.perf_counter()
@@ -217,7 +218,7 @@ class SameBatchLens:
         update = (self._before - after).double()
         reduce = (lambda x: acc.reduce(x, reduction="sum")) if tr.world > 1 else (lambda x: x)
         g_values = acc.gather(batch.old_values) if batch.old_values is not None else None
-        advantages = lens_advantages(g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values)
+        advantages = lens_advantages(g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values, baselines=g_baselines)
         B = batch.completion_mask.shape[0]
         mine = slice(tr.rank * B, (tr.rank + 1) * B)
         local = {k: v[mine] for k, v in advantages.items()}

@@ -582,7 +582,8 @@ class Trainer:
         t1 = time.perf_counter()
         metrics, last, first_logp = self.optimise(batch, step)
         t_train = time.perf_counter() - t1
-        lens = self.lens.evaluate(batch, g_rewards, g_mask, g_kl, r.logging.diagnostics_sequences) if lens_due else None
+        g_baselines = acc.gather(baselines) if baselines is not None else None
+        lens = self.lens.evaluate(batch, g_train_rewards, g_mask, g_kl, r.logging.diagnostics_sequences, g_baselines) if lens_due else None
 
         # ---- metrics (global batch) ----
         metrics = {k: float(acc.reduce(torch.tensor(v, device=acc.device), reduction="mean")) for k, v in metrics.items()} if self.world > 1 else metrics
@@ -591,8 +592,8 @@ class Trainer:
         for name, values in per_fn.items():
             g = acc.gather(values.to(acc.device)).cpu()
             metrics.update({k: float(v) for k, v in reward_function_metrics(name, g).items()})
-        if baselines is not None:
-            metrics["remax/baseline_reward"] = float(acc.gather(baselines).mean())
+        if g_baselines is not None:
+            metrics["remax/baseline_reward"] = float(g_baselines.mean())
         g_truncated = acc.gather(out.truncated.to(acc.device)).cpu()
         metrics.update({k: float(v) for k, v in length_metrics(g_mask.cpu(), g_truncated).items()})
         metrics.update({k: float(v) for k, v in terminated_length_metrics(g_mask.cpu(), g_truncated).items()})

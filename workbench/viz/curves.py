@@ -45,6 +45,13 @@ PANELS: dict[str, Panel] = {
                     "Tokens per completion (mean, min, max over the batch)."),
     "truncated": Panel("Truncated completions", ("completions/clipped_ratio",),
                        "Fraction of completions cut at max_completion_length."),
+    "sampling_mismatch": Panel("Rollout / trainer mismatch", ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
+                               "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow."),
+    "importance_ratio": Panel("Importance-sampling ratio", ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                                                            "sampling/importance_sampling_ratio/max"),
+                              "pi_trainer / pi_rollout as algorithm.rollout_correction weights it (raw per-token ratios when off)."),
+    "dynamic_sampling": Panel("Dynamic sampling rounds", ("dynamic_sampling/rounds", "dynamic_sampling/filled_groups"),
+                              "Rollout rounds to fill the batch with groups that have a reward spread (DAPO), and groups filled after the cap."),
     "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO)."),
     "grad_norm": Panel("Gradient norm", ("grad_norm",),
                        "Global gradient norm before clipping, averaged over the step's mu x minibatches "
