@@ -13,7 +13,7 @@ import importlib
 # ``registry`` modules, and commands that do not train never load torch.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "advantages": ("ADVANTAGE_ESTIMATORS", "REWARD_DTYPE", "AdvantageConfig", "Advantages", "combine_rewards",
-                   "compute_advantages", "kl_shaped_sequence_rewards", "token_level_rewards"),
+                   "compute_advantages", "equal_groups", "kl_shaped_sequence_rewards", "token_level_rewards"),
     "aggregation": ("LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers"),
     "choices": ("BASELINE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GRPO_SCALES", "IS_LEVELS", "IS_MODES",
                 "MULTI_REWARD_MODES", "TOKEN_LEVEL_ESTIMATORS", "KL_PLACEMENTS", "PolicyLossConfig"),

@@ -1,7 +1,10 @@
 """The training process: one recipe, one run directory, one event stream.
 
-Per step (DESIGN "data flow"): sample prompts -> rollout (G completions each) -> rewards ->
-old / reference log-probs and values (no grad) -> advantages over the *global* batch (core) ->
+Per step (DESIGN "data flow"): sample prompts -> rollout (G completions each; by the policy of
+train.staleness updates ago; DAPO dynamic sampling re-samples groups without a reward spread; ReMax
+adds one greedy completion per prompt) -> rewards (several functions combined per
+multi_objective_aggregation) -> old / reference log-probs, values and rollout-correction weights
+(no grad) -> advantages over the *global* batch (core) ->
 mu passes x minibatches x gradient-accumulation micro-batches of policy loss (+ KL, - entropy,
 + value loss), each normalised by the global minibatch's token / sequence counts -> optimiser
 step -> metrics, samples and per-token diagnostics appended to the run's events.
@@ -38,6 +41,7 @@ from workbench.core import (
     combine_rewards,
     compute_advantages,
     compute_policy_loss,
+    equal_groups,
     high_entropy_mask,
     kl_per_token,
     length_metrics,
@@ -52,7 +56,6 @@ from workbench.core import (
     token_std_metric,
     truncation_mask,
 )
-from workbench.core.advantages import equal_groups
 from workbench.core.choices import BASELINE_ESTIMATORS
 from workbench.engine import checkpoint
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
