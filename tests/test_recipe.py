@@ -63,6 +63,7 @@ DEFINING = {
         "algorithm.aggregation": "token-mean",
         "algorithm.mask_truncated": True,
         "algorithm.kl_coef": 0.0,
+        "sampling.dynamic_sampling": True,
     },
     "rloo": {
         "algorithm.advantage": "rloo",
