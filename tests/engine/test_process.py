@@ -13,6 +13,7 @@ import pytest
 from workbench.engine.events import read_events
 from workbench.engine.models import load_policy
 from workbench.engine.trainer import parameter_digest
+from workbench.recipe import RECIPES_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,11 +26,12 @@ def run_cli(*args, env_home, timeout=300):
 def test_cli_recipes_and_model(wb_home):
     listed = run_cli("recipes", "list", env_home=wb_home)
     assert listed.returncode == 0
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "rloo"]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    assert {"cispo", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "rloo", "sapo", "remax"} <= set(listed.stdout.split())
     shown = run_cli("recipes", "show", "dapo", env_home=wb_home)
     assert "arXiv:2503.14476" in shown.stdout and "eps_high: 0.28" in shown.stdout
     missing = run_cli("recipes", "show", "ppo2", env_home=wb_home)
-    assert missing.returncode == 2 and "unknown preset 'ppo2'; presets: cispo, dapo" in missing.stderr
+    assert missing.returncode == 2 and "unknown preset 'ppo2'; presets: cispo, clip_cov, dapo" in missing.stderr
     built = run_cli("model", "build", "tiny", env_home=wb_home)
     assert built.returncode == 0 and (Path(built.stdout.strip()) / "config.json").exists()
 

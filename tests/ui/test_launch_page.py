@@ -94,7 +94,7 @@ def test_an_invalid_field_in_another_tab_keeps_the_tab_bar(home):
     at = page("launch_page").run()
     labels = [t.label for t in at.tabs]
     at.text_input(key="rf:train.minibatches").input("-3").run()
-    assert at.error and [t.label for t in at.tabs] == labels == ["Algorithm", "Sampling", "Optimiser", "Training", "Logging"]
+    assert at.error and [t.label for t in at.tabs] == labels == ["Algorithm", "Sampling", "Optimiser", "Training", "Logging", "Checkpoints", "Evaluation"]
     assert "train.minibatches (Training tab)" in at.error[-1].value
 
 
@@ -105,7 +105,7 @@ def test_unsafe_inputs_are_refused(home):
     assert errors["model"] == "model='a;rm -rf /' is not allowed; 'tiny' or a Hugging Face id like 'org/name'"
     assert errors["name"].startswith("name='x y' is not allowed")
     reward_spec = next(s for s in field_specs() if s.path == "reward_funcs")
-    assert reward_spec.kind == "multi" and set(reward_spec.choices) == {"exact_match", "format", "position_match", "first_char"}
+    assert reward_spec.kind == "multi" and set(reward_spec.choices) == {"exact_match", "format", "position_match", "first_char", "reasoning_gym", "answer_format", "math_verify"}
 
 
 def test_widgets_change_the_recipe(home):

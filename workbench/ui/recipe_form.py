@@ -9,6 +9,7 @@ home, so nothing typed into the page can make a run import or read arbitrary cod
 
 from __future__ import annotations
 
+import functools
 import re
 import typing
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
 
 SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
-            "logging": "Logging", "checkpoint": "Checkpoints"}
+            "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation"}
 NO_TASK = "(none: use the dataset)"
 KEY_PREFIX = "rf:"
 _MODEL_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -82,6 +83,14 @@ def _section_specs(section: str, model: type[BaseModel]) -> list[FieldSpec]:
     return specs
 
 
+@functools.cache
+def _task_choices() -> tuple[str, ...]:
+    """Built-in tasks, then every reasoning-gym dataset as ``reasoning_gym/<name>``, then no task."""
+    from workbench.engine.reasoning import reasoning_gym_names
+
+    return (*sorted(TASKS), *(f"reasoning_gym/{n}" for n in reasoning_gym_names()), NO_TASK)
+
+
 def field_specs() -> list[FieldSpec]:
     """Every Recipe field in form order: the top-level fields, then each section's."""
     top = Recipe.model_fields
@@ -89,7 +98,9 @@ def field_specs() -> list[FieldSpec]:
         FieldSpec("name", "text", "Run name (also the default run id prefix): letters, digits, '.', '_', '-'."),
         FieldSpec("description", "text", "Free text shown with the run."),
         FieldSpec("model", "text", top["model"].description or ""),
-        FieldSpec("task", "choice", top["task"].description or "", (*sorted(TASKS), NO_TASK)),
+        FieldSpec("task", "choice", top["task"].description or "", _task_choices()),
+        FieldSpec("task_config", "value", top["task_config"].description or ""),
+        FieldSpec("system_prompt", "text", top["system_prompt"].description or "", optional=True),
         FieldSpec("dataset", "text", (top["dataset"].description or "") + " Path relative to the workbench home.",
                   optional=True),
         FieldSpec("reward_funcs", "multi", (top["reward_funcs"].description or "").split("(default")[0]
@@ -142,6 +153,8 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
         if not _MODEL_REF.match(text) or ".." in text:
             raise ValueError(f"model={text!r} is not allowed; 'tiny' or a Hugging Face id like 'org/name'")
         return text
+    if spec.kind == "text" and spec.optional:
+        return raw if raw.strip() else None
     if spec.kind in ("choice", "bool", "multi", "text"):
         return raw
     text = str(raw).strip()
