@@ -47,7 +47,8 @@ test: $(VENV)/.stamp-dev $(VENV)/.stamp-vllm
 
 # The README's pictures (docs/*.png) from the browser test; tests alone never write into docs/.
 screenshots: $(VENV)/.stamp-dev
-	WB_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/e2e/test_browser.py::test_launch_watch_cancel_export
+	WB_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/e2e/test_browser.py::test_launch_watch_cancel_export \
+		tests/e2e/test_browser.py::test_arms_view_draws_bands_and_the_verdict
 
 bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/core_bench.py
@@ -56,6 +57,7 @@ bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/lens_bench.py
 	$(BIN)/python bench/learning_bench.py
+	$(BIN)/python bench/learning_vs_trl.py
 
 clean:
 	rm -rf $(VENV)
