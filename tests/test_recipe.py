@@ -548,6 +548,7 @@ def test_the_torch_free_names_are_the_registries_names():
     ("train.threads=100000", ["train.threads=100000", "less than or equal to 256"]),
     ("train.steps=99999999999999999999999", ["train.steps=99999999999999999999999", "less than or equal to 1000000"]),
     ("train.seed=-1", ["train.seed=-1", "greater than or equal to 0"]),
+    ("algorithm.cov_seed=100000000000000000000000", ["algorithm.cov_seed=", "less than or equal to 4294967295"]),
     ("sampling.max_completion_length=10000000", ["sampling.max_completion_length=10000000", "at most 255", "256 positions"]),
     ("sampling.max_completion_length=256", ["sampling.max_completion_length=256", "at most 255"]),
 ])

@@ -151,7 +151,7 @@ class Algorithm(_Section):
     """KL-Cov: fraction of tokens with the highest covariance that get the |log ratio| penalty (verl 2e-4)."""
     kl_cov_coef: float = Field(1.0, ge=0)
     """KL-Cov penalty coefficient (verl ppo_kl_coef 1.0)."""
-    cov_seed: int | None = Field(None, ge=0)
+    cov_seed: int | None = Field(None, ge=0, le=MAX_SEED)
     """Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); an int = a fixed seed."""
     aggregation: str = "seq-mean-token-mean"
     """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: TRL, verl >= 0.9), token-sum-norm (verl < 0.9's Dr. GRPO: / L_max only)."""

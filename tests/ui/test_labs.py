@@ -405,7 +405,7 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
 def test_sapo_walkthrough_knobs_drive_the_example_and_its_ratio_curve(home):
     at = component("walkthrough-loss-sapo").run()
     knobs = next(d.value for d in at.dataframe if "recipe key" in d.value.columns).set_index("knob")
-    assert knobs.loc["sapo_tau_neg", "recipe key"] == "algorithm.sapo_tau_neg" and knobs.loc["sapo_tau_neg", "default"] == "1.05"
+    assert knobs.loc["sapo_tau_neg", "recipe key"] == "algorithm.sapo_tau_neg" and knobs.loc["sapo_tau_neg", "value"] == "1.05"
     assert "TRL sapo_temperature_neg" in knobs.loc["sapo_tau_neg", "what it does"]
     # sequence 1 (A = -1), token 3: log-ratio 1.0, tau_neg: loss = -(4 / tau) sigmoid(tau (e - 1)) A
     for tau in (1.05, 3.0):
@@ -493,3 +493,13 @@ def test_aggregation_lab_through_a_policy_loss(home):
     s = 1 / (1 + math.exp(-(r - 1)))
     mean_mean = next(t for t in fig["data"] if t["name"] == "seq-mean-token-mean")
     assert values(mean_mean["y"])[0] == pytest.approx(2 / 8 * 4 * s * (1 - s) * r)
+
+
+def test_knobs_table_shows_the_values_the_example_starts_from():
+    """GRPO's group_size is the grpo preset's num_generations (8), not AdvantageConfig's bare default 1."""
+    from workbench.ui.labs.estimators import explanation, knob_start, knobs_table
+
+    e = explanation("advantage", "grpo")
+    rows = {r["knob"]: r for r in knobs_table("advantage", e)}
+    assert rows["group_size"]["value"] == "8" == str(load_recipe("grpo").sampling.num_generations)
+    assert all(r["value"] == str(getattr(knob_start("advantage", e), k)) for k, r in rows.items())

@@ -274,8 +274,10 @@ def explanation(family: str, name: str) -> Explanation:
 
 
 def knobs_table(family: str, e: Explanation) -> list[dict]:
-    defaults = {f.name: f.default for f in dataclasses.fields(REGISTRIES[family][1])}
-    return [{"knob": k, "recipe key": recipe_key(family, k), "default": str(defaults[k]),
+    """One row per knob; "value" is what the worked example starts from (``knob_start``: the
+    preset's recipe, e.g. group_size = its num_generations), not the config class's bare default."""
+    start = knob_start(family, e)
+    return [{"knob": k, "recipe key": recipe_key(family, k), "value": str(getattr(start, k)),
              "what it does": knob_meaning(recipe_key(family, k))} for k in e.knobs]
 
 
