@@ -12,7 +12,7 @@ from workbench.core import ADVANTAGE_ESTIMATORS, AdvantageConfig, PolicyLossConf
 from workbench.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe, preset_names
 
 EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo",
-                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax"}
+                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax", "dppo"}
 
 # The arXiv id of each preset's paper, which its header comment must name.
 PAPERS = {
@@ -32,6 +32,7 @@ PAPERS = {
     "opo": "2505.23585",
     "grpo_passk": "2503.19595",
     "remax": "2310.10505",
+    "dppo": "2602.04879",
 }
 
 # The settings that define each algorithm (dotted paths into the recipe).
@@ -127,7 +128,8 @@ DEFINING = {
         "algorithm.sapo_tau_neg": 1.05,
         "algorithm.aggregation": "seq-mean-token-mean",
         "algorithm.kl_coef": 0.0,
-        "train.mu": 2,
+        "train.mu": 1,  # verl's example: one epoch of mini-batches
+        "train.minibatches": 2,
     },
     "gmpo": {
         "algorithm.advantage": "grpo",
@@ -170,6 +172,18 @@ DEFINING = {
         "sampling.prompts_per_step": 32,  # one sample per prompt: the batch of the others, 32 completions
         "algorithm.kl_coef": 0.0,
         "train.mu": 1,
+    },
+    "dppo": {  # verl examples/dppo_trainer/run_qwen30b_dppo.sh
+        "algorithm.advantage": "grpo",
+        "algorithm.grpo_scale": "none",
+        "algorithm.policy_loss": "dppo_tv",
+        "algorithm.eps_low": 0.15,
+        "algorithm.eps_high": 0.15,
+        "algorithm.clip_c": 10000.0,
+        "algorithm.aggregation": "seq-mean-token-sum-norm",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 1,
+        "train.minibatches": 2,
     },
     "opo": {
         "algorithm.advantage": "opo",

@@ -162,9 +162,21 @@ class Algorithm(_Section):
     kl_placement: str = "in_loss"
     """in_loss (GRPO: beta*KL added per token) or in_reward (PPO/RLOO/REINFORCE++: reward shaped first)."""
     entropy_coef: float = Field(0.0, ge=0)
-    """Entropy bonus coefficient (against entropy collapse); 0 in TRL and verl by default."""
+    """Entropy bonus coefficient (against entropy collapse); 0 in TRL and verl by default. With use_adaptive_entropy, the coefficient's start value."""
+    use_adaptive_entropy: bool = False
+    """Adaptive entropy control (Skywork-OR1; TRL use_adaptive_entropy): after each optimiser update the coefficient moves by entropy_coef_delta, up while the update's mean loss-token entropy is <= entropy_target and down otherwise, within [entropy_coef_min, entropy_coef_max]; the bonus applies only while entropy is <= entropy_target. Logged as entropy_coef."""
+    entropy_target: float = Field(0.2, ge=0)
+    """Target mean per-token entropy in nats (TRL 0.2, Skywork-OR1 0.2); set it near the entropy of the first steps."""
+    entropy_coef_delta: float = Field(0.005, ge=0)
+    """Step of the adaptive coefficient per optimiser update (TRL 0.005; Skywork-OR1 1e-4)."""
+    entropy_coef_min: float = Field(0.0, ge=0)
+    """Lower bound of the adaptive coefficient (TRL 0.0)."""
+    entropy_coef_max: float = Field(1.0, ge=0)
+    """Upper bound of the adaptive coefficient (TRL 1.0; Skywork-OR1 5e-3)."""
     opsm_delta: float | None = None
-    """Off-policy sequence masking (slime): drop A<0 sequences whose mean drift exceeds delta."""
+    """Off-policy sequence masking (slime): drop A<0 sequences whose mean drift mean_t(old_logp - logp) exceeds delta (old_logp: the trainer's own log-probs of the behaviour policy)."""
+    off_policy_mask_threshold: float | None = Field(None, ge=0)
+    """TRL's off-policy sequence mask (DeepSeek-V3.2 Eq. 9; TRL off_policy_mask_threshold, e.g. 0.5): drop sequences whose mean KL mean_t(sampling_logp - logp) exceeds it and whose advantage is negative; sampling_logp is the rollout engine's log-probs when it reports them (vLLM), else old_logp, so it also catches rollout/trainer mismatch. None = off."""
     mask_truncated: bool = False
     """DAPO overlong filtering: completions cut at max length get no loss."""
     rollout_correction: str = "none"
@@ -207,6 +219,9 @@ class Algorithm(_Section):
         lo, hi = self.rollout_correction_min, self.rollout_correction_max
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"algorithm.rollout_correction_min={lo} must not exceed algorithm.rollout_correction_max={hi}")
+        if self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} must not exceed "
+                             f"algorithm.entropy_coef_max={self.entropy_coef_max}")
         if self.advantage in BASELINE_ESTIMATORS and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 f"algorithm.advantage={self.advantage!r} subtracts a greedy completion's reward: it needs "

@@ -364,3 +364,70 @@ def test_gpg_is_the_plain_policy_gradient_whatever_the_ratio():
 def test_bad_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PolicyLossConfig(**kwargs)
+
+
+# ---- off-policy sequence masks: slime OPSM vs TRL off_policy_mask_threshold ----------------------
+
+from workbench.core.masks import off_policy_sequence_mask, opsm_mask  # noqa: E402
+
+
+def test_opsm_and_trl_mask_agree_on_sequence_advantages_and_trainer_log_probs():
+    # rows: drift mean(old - logp) = 0.6 (A < 0) -> both drop; 0.2 (A < 0) -> keep; 0.6 (A > 0) -> keep;
+    # 0.5 exactly at the threshold (A < 0) -> kept by both (the tests are strict ">")
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-1.0, -2.0], [-1.0, -1.0]], dtype=torch.float64)
+    old = torch.tensor([[-0.4, -1.4], [-0.8, -0.8], [-0.4, -1.4], [-0.5, -0.5]], dtype=torch.float64)
+    adv = torch.tensor([[-1.0], [-1.0], [1.0], [-1.0]], dtype=torch.float64).expand(4, 2)
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    expected = [[0, 0], [1, 1], [1, 1], [1, 1]]
+    assert_values(opsm_mask(logp, old, adv, mask, 0.5), expected)
+    assert_values(off_policy_sequence_mask(logp, old, adv, mask, 0.5), expected)
+
+
+def test_trl_mask_reads_the_rollout_engines_log_probs_opsm_the_trainers():
+    # the trainer's old log-probs equal the current ones (no drift: OPSM keeps everything), but the
+    # rollout engine scored the first sequence 0.75 nats/token higher: TRL's mask drops it
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]], dtype=torch.float64)
+    rollout = torch.tensor([[-0.25, -1.25], [-1.0, -2.0]], dtype=torch.float64)
+    adv = torch.full((2, 2), -1.0, dtype=torch.float64)
+    mask = torch.ones(2, 2, dtype=torch.float64)
+    assert_values(opsm_mask(logp, logp, adv, mask, 0.5), [[1, 1], [1, 1]])
+    assert_values(off_policy_sequence_mask(logp, rollout, adv, mask, 0.5), [[0, 0], [1, 1]])
+
+
+def test_with_token_level_advantages_trl_keeps_the_non_negative_tokens_opsm_drops_the_sequence():
+    # drift 1.0 > 0.5; token advantages (+2, -1, -3): mean -2/3 < 0 -> OPSM drops all three;
+    # TRL drops only the tokens with A_t < 0. The padded 4th position stays 0 in both.
+    logp = torch.tensor([[-2.0, -2.0, -2.0, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.0, -1.0, -1.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[2.0, -1.0, -3.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    assert_values(opsm_mask(logp, old, adv, mask, 0.5), [[0, 0, 0, 0]])
+    assert_values(off_policy_sequence_mask(logp, old, adv, mask, 0.5), [[1, 0, 0, 0]])
+
+
+def test_trl_mask_counts_a_nan_engine_log_prob_as_no_drift():
+    # tokens: drift 1.2 and NaN -> (1.2 + 0) / 2 = 0.6 > 0.5: dropped; with 0.7 as threshold kept
+    logp = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
+    rollout = torch.tensor([[0.2, math.nan]], dtype=torch.float64)
+    adv = torch.full((1, 2), -1.0, dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.float64)
+    assert_values(off_policy_sequence_mask(logp, rollout, adv, mask, 0.5), [[0, 0]])
+    assert_values(off_policy_sequence_mask(logp, rollout, adv, mask, 0.7), [[1, 1]])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trl_mask_matches_trls_get_off_policy_mask(seed):
+    from tests.helpers import missing_component
+
+    try:
+        from trl.trainer.grpo_trainer import GRPOTrainer
+    except ImportError as err:  # pragma: no cover
+        missing_component(f"trl is not importable ({err})")
+    logp, old, _, mask = random_batch(seed, B=16)
+    g = torch.Generator().manual_seed(100 + seed)
+    rollout = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.5
+    adv = torch.randn(old.shape[0], 1, generator=g, dtype=torch.float64)
+    theirs = GRPOTrainer.get_off_policy_mask(adv, logp, rollout, mask, 0.1)  # (B, 1)
+    ours = off_policy_sequence_mask(logp, rollout, adv.expand_as(logp), mask, 0.1)
+    assert_values(ours, theirs * mask)
+    assert 0 < float(theirs.mean()) < 1  # the draw exercises both outcomes

@@ -128,7 +128,8 @@ def test_compute_rewards_forwards_columns_and_trainer_state():
 
     compute_rewards([spy], None, columns={"level": [1, 2], "completion": ["x", "y"]},
                     trainer_state={"step": 3}, **_batch(2))
-    assert seen == {"level": [1, 2], "trainer_state": {"step": 3}}
+    logging = {k: seen.pop(k) for k in ("log_extra", "log_metric")}  # TRL's callables, for a **kwargs function
+    assert seen == {"level": [1, 2], "trainer_state": {"step": 3}} and all(map(callable, logging.values()))
 
 
 def test_async_reward_functions_are_awaited():

@@ -15,11 +15,16 @@ def opsm_mask(
     mask: torch.Tensor,
     delta: float,
 ) -> torch.Tensor:
-    """Off-policy sequence masking (slime's OPSM).
+    """Off-policy sequence masking (slime's OPSM, ``--opsm-delta``; slime compute_opsm_mask).
 
-    Sequence i is masked when its advantage is negative AND its mean drift
-    mean_t (old_logp - logp) over valid tokens exceeds ``delta``: a negative update on a sequence
-    the current policy already moved away from is the off-policy update most likely to hurt.
+        drift_i = sum_t (old_t - logp_t) m_t / max(n_i, 1),   A_i = sum_t A_t m_t / max(n_i, 1)
+        keep_i  = not (A_i < 0 and drift_i > delta)
+
+    Sequence i is masked when its advantage is negative AND its mean drift over valid tokens
+    exceeds ``delta``: a negative update on a sequence the current policy already moved away
+    from is the off-policy update most likely to hurt. ``old_logp`` is what the caller passes:
+    the engine passes the trainer's own log-probs of the behaviour policy. TRL's variant is
+    ``off_policy_sequence_mask`` (which log-probs, and the sign test per token).
     (B, T) inputs -> (B, T) mask (float, like ``mask``).
     """
     check_2d("logp", logp)
@@ -28,6 +33,40 @@ def opsm_mask(
     seq_adv = masked_mean(advantages, mask, dim=1)
     drop = (seq_adv < 0) & (drift > delta)
     return mask * (~drop).to(mask.dtype)[:, None]
+
+
+def off_policy_sequence_mask(
+    logp: torch.Tensor,
+    sampling_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """TRL's off-policy sequence mask (``off_policy_mask_threshold``; DeepSeek-V3.2, Eq. 9;
+    TRL 1.16 ``GRPOTrainer.get_off_policy_mask``):
+
+        kl_i   = sum_t (sampling_t - logp_t) m_t / max(n_i, 1)       (NaN sampling_t counts as 0)
+        keep_t = A_t >= 0  or  kl_i <= threshold
+
+    How it differs from slime's OPSM (``opsm_mask``), whose statistic is the same mean
+    log-ratio and whose comparison is the same (drop when > threshold):
+    - which log-probs: TRL compares with ``sampling_logp``, the rollout engine's log-probs when
+      it reports them (vLLM), else the trainer's old log-probs; so on vLLM it also drops
+      negative sequences that only the rollout/trainer mismatch made off-policy. The engine
+      passes exactly that; OPSM always gets the trainer's old log-probs.
+    - which tokens: TRL tests the sign of each token's advantage (its advantages are (B, 1) for
+      GRPO, broadcast), OPSM the sign of the sequence's mean advantage and drops the whole
+      sequence. With sequence-level advantages (every estimator but reinforce_pp / gae) the two
+      agree; with token-level advantages TRL keeps the A_t >= 0 tokens of a dropped sequence.
+    - a NaN log-prob from the engine counts as 0 drift here (TRL), where OPSM would propagate it.
+    (B, T) inputs -> (B, T) mask (float, like ``mask``).
+    """
+    check_2d("logp", logp)
+    check_like("logp", logp, sampling_logp=sampling_logp, advantages=advantages, mask=mask)
+    drift = torch.nan_to_num(sampling_logp - logp.detach(), nan=0.0)
+    kl = (drift * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
+    keep = (advantages >= 0) | (kl <= threshold)
+    return mask * keep.to(mask.dtype)
 
 
 def truncation_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:

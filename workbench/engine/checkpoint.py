@@ -8,7 +8,8 @@ Layout of ``run_dir``::
         optimizer.pt, scheduler.pt (+ scaler.pt under fp16)       state dicts (``torch.save``)
         critic.safetensors, critic_optimizer.pt                   PPO's critic and its optimiser
         rng-rank{r}.pt                                            python / numpy / torch CPU (+ CUDA) RNG of rank r
-        trainer_state.json                                        step, tokens_seen, num_tokens, world_size: written last
+        trainer_state.json                                        step, tokens_seen, num_tokens, world_size,
+                                                                  entropy_control (coef, last_entropy): written last
     final/                          the finished policy + tokenizer: ``AutoModelForCausalLM.from_pretrained(final)``
 
 Atomic: a checkpoint is written into a hidden ``.tmp-step-N`` folder and renamed to ``step-N`` by
@@ -35,6 +36,7 @@ and final directories without it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -182,6 +184,8 @@ def save_checkpoint(trainer, step: int) -> Path:
     acc.wait_for_everyone()  # every rank's RNG file is in place
     if acc.is_main_process:
         state = {"step": step, "tokens_seen": trainer.tokens_seen, "num_tokens": trainer.num_tokens_seen, "world_size": trainer.world}
+        ent = trainer.entropy_state  # adaptive entropy control (TRL: entropy_ctrl_state.json); inf -> null
+        state["entropy_control"] = {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}
         (tmp / STATE_FILE).write_text(json.dumps(state))
         if final.exists():  # the same step saved by an attempt that crashed before it counted
             shutil.rmtree(final)
@@ -270,6 +274,12 @@ def load_checkpoint(trainer, path: Path) -> int:
     _set_rng_state(_torch_load(path / f"rng-rank{trainer.rank}.pt"))
     trainer.tokens_seen = float(state["tokens_seen"])
     trainer.num_tokens_seen = float(state.get("num_tokens", 0.0))  # checkpoints from before num_tokens: 0
+    if "entropy_control" in state:  # checkpoints from before it: the controller starts afresh
+        from workbench.core.entropy_control import EntropyControlState
+
+        ent = state["entropy_control"]
+        last = math.inf if ent["last_entropy"] is None else float(ent["last_entropy"])
+        trainer.entropy_state = EntropyControlState(coef=float(ent["coef"]), last_entropy=last)
     trainer.snapshots.clear()  # train.staleness: the deque starts afresh from the resumed weights
     trainer.snapshot_weights()
     return int(state["step"])

@@ -5,8 +5,12 @@ A reward function is any callable
     fn(prompts: list[str], completions: list[str], completion_ids: list[list[int]], **kwargs)
         -> list[float | None]
 
-where ``kwargs`` carries the dataset's extra columns (lists aligned with ``prompts``) and possibly
-``trainer_state``; a ``None`` entry means "not applicable to this sample". ``async def`` functions
+where ``kwargs`` carries the dataset's extra columns (lists aligned with ``prompts``), possibly
+``trainer_state``, and TRL's two logging callables ``log_extra(column, values)`` (one value per
+completion: a column of the step's samples) and ``log_metric(name, value)`` (a scalar: the mean
+of the values logged in a step is the step's metric ``name``), given to every function that takes
+them (a ``**kwargs`` or parameters of those names; see :class:`RewardLogs`); a ``None`` entry
+means "not applicable to this sample". ``async def`` functions
 are supported: :func:`compute_rewards` awaits them (concurrently). This is the signature TRL's
 ``GRPOTrainer`` uses, so a reward function written for TRL works here unchanged and vice versa.
 
@@ -38,7 +42,7 @@ RewardFn = Callable[..., Any]
 REWARD_REGISTRY: dict[str, RewardFn] = {}
 
 # Columns the caller passes positionally; never forwarded again as keyword columns (as in TRL).
-_RESERVED_COLUMNS = ("prompt", "completion", "completion_ids", "prompts", "completions")
+_RESERVED_COLUMNS = ("prompt", "completion", "completion_ids", "prompts", "completions", "log_extra", "log_metric")
 
 # module.path:attr.path (identifiers only), e.g. "my_pkg.rewards:score" or "pkg.mod:Cls.method".
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -47,6 +51,66 @@ _REF_PATTERN = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 
 class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something that is not one reward per sample."""
+
+
+#: Keys of a logged sample; an extra column may not take one of these names.
+SAMPLE_KEYS = ("prompt", "completion", "reward", "advantage", "length", "truncated")
+_LOGGING_KWARGS = ("log_extra", "log_metric")
+
+
+class RewardLogs:
+    """What reward functions logged through TRL's ``log_extra`` / ``log_metric`` (TRL 1.16
+    ``GRPOTrainer._log_completion_extra`` / ``_log_metric``), for one scored batch.
+
+    extra: column -> B values (the completions' order), shown as columns of the step's samples
+        (TRL: columns of the completions table). A column logged twice in a batch keeps the last.
+    metrics: name -> the values logged; the step's metric ``name`` is their mean (TRL averages
+        the values of a step over ranks and calls: sum / count).
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.extra: dict[str, list[Any]] = {}
+        self.metrics: dict[str, list[float]] = {}
+
+    def callables(self, fn_name: str) -> dict[str, Callable[..., None]]:
+        """``log_extra`` and ``log_metric`` for reward function ``fn_name`` (errors name it)."""
+
+        def log_extra(column: str, values: Sequence[Any]) -> None:
+            if not isinstance(column, str) or not column or column in SAMPLE_KEYS:
+                raise RewardFunctionError(f"reward function {fn_name!r}: log_extra column {column!r} must be a "
+                                          f"non-empty name other than {', '.join(SAMPLE_KEYS)}")
+            values = list(values)
+            if len(values) != self.batch_size:
+                raise RewardFunctionError(f"reward function {fn_name!r}: log_extra({column!r}) got {len(values)} "
+                                          f"values; expected {self.batch_size} (one per completion)")
+            # TRL's table takes "strings or any value convertible to string": keep JSON scalars, str() the rest
+            self.extra[column] = [v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for v in values]
+
+        def log_metric(name: str, value: float) -> None:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if not isinstance(name, str) or not name or not math.isfinite(number):
+                raise RewardFunctionError(f"reward function {fn_name!r}: log_metric({name!r}, {value!r}): "
+                                          "expected a non-empty name and a finite number")
+            self.metrics.setdefault(name, []).append(number)
+
+        return {"log_extra": log_extra, "log_metric": log_metric}
+
+    def step_metrics(self) -> dict[str, float]:
+        """name -> mean of the values logged (TRL's total / count)."""
+        return {name: sum(values) / len(values) for name, values in self.metrics.items()}
+
+
+def _accepts_logging(fn: RewardFn) -> bool:
+    """The function takes ``**kwargs`` or parameters named log_extra / log_metric."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: give it nothing extra
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name in _LOGGING_KWARGS for p in params)
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -81,7 +145,7 @@ _INTEGER = re.compile(r"-?\d+")
 def _column(kwargs: dict[str, Any], column: str, fn_name: str) -> list[Any]:
     """The dataset column ``column`` from a reward function's kwargs, or a clear error."""
     if column not in kwargs:
-        available = sorted(k for k in kwargs if k != "trainer_state")
+        available = sorted(k for k in kwargs if k not in ("trainer_state", *_LOGGING_KWARGS))
         raise ValueError(
             f"reward function {fn_name!r} needs a dataset column {column!r}; "
             f"the dataset has columns {available}"
@@ -291,6 +355,7 @@ def compute_rewards(
     columns: dict[str, list[Any]],
     *,
     trainer_state: Any = None,
+    logs: RewardLogs | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Score a batch with every reward function and combine them.
 
@@ -301,6 +366,8 @@ def compute_rewards(
         columns: extra dataset columns, each a list of B values, passed as keyword arguments
             (``prompt``/``completion``/``completion_ids`` keys are dropped, as in TRL).
         trainer_state: forwarded as ``trainer_state=`` when not None.
+        logs: collects what the functions log through ``log_extra`` / ``log_metric`` (passed to
+            each function that accepts them); None = a throwaway collector.
 
     Returns:
         total: (B,) float32, ``nansum_f(weight_f * reward_f)``: a None reward contributes
@@ -328,11 +395,13 @@ def compute_rewards(
     if trainer_state is not None:
         kwargs["trainer_state"] = trainer_state
 
+    logs = RewardLogs(batch_size) if logs is None else logs
     results: list[Any] = [None] * len(funcs)
     pending: dict[int, Any] = {}  # index -> coroutine of an async reward function
     for i, (name, fn) in enumerate(zip(names, funcs)):
+        logging_kwargs = logs.callables(name) if _accepts_logging(fn) else {}
         try:
-            out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
+            out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs, **logging_kwargs)
         except Exception as exc:
             for awaitable in pending.values():  # avoid "coroutine was never awaited" warnings
                 getattr(awaitable, "close", lambda: None)()

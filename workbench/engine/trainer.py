@@ -57,11 +57,13 @@ from workbench.core import (
     truncation_mask,
 )
 from workbench.core.choices import BASELINE_ESTIMATORS
+from workbench.core.entropy_control import EntropyControl, EntropyControlState, applied_entropy_coef, update_entropy_control
+from workbench.core.masks import off_policy_sequence_mask
 from workbench.engine import checkpoint
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.lens import SameBatchLens
-from workbench.engine.rewards import RewardFunctionError, compute_rewards, load_reward_function, reward_weights_for
+from workbench.engine.rewards import RewardFunctionError, RewardLogs, compute_rewards, load_reward_function, reward_weights_for
 from workbench.engine.rollout import ROLLOUT_BACKENDS, concat_rollouts, select_rows, valid_token_lists
 from workbench.engine.evaluation import Evaluator, eval_due
 from workbench.engine.models import load_policy, resolve_model
@@ -106,6 +108,7 @@ class StepBatch:
     ref_logp: torch.Tensor | None
     old_values: torch.Tensor | None
     is_weights: torch.Tensor | None = None  # (B, T) rollout-correction weights, None = off
+    rollout_logp: torch.Tensor | None = None  # (B, T) the rollout engine's log-probs (off_policy_mask_threshold)
 
     def rows(self, idx: torch.Tensor) -> "StepBatch":
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if getattr(self, f.name) is not None})
@@ -205,6 +208,13 @@ class Trainer:
         self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=recipe.train.staleness + 1)
         self.behaviour = None  # the stale copy that generates when train.staleness > 0
+        a = recipe.algorithm
+        # adaptive entropy control (core.entropy_control): state carried across updates and checkpoints
+        self.entropy_control = EntropyControl(a.entropy_target, a.entropy_coef_delta, a.entropy_coef_min,
+                                              a.entropy_coef_max) if a.use_adaptive_entropy else None
+        self.entropy_state = EntropyControlState(coef=a.entropy_coef)
+        self._entropy_window = [0.0, 0.0]  # (sum of H over loss tokens, their count) of the current update
+        self._entropy_coefs: list[float] = []  # the coefficient after each update of this step (TRL's entropy_coef)
         torch.set_num_threads(recipe.train.threads)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
@@ -306,7 +316,8 @@ class Trainer:
         summed over ranks). Logged: dynamic_sampling/rounds, dynamic_sampling/filled_groups."""
         r = self.recipe
         rows, out = self.rollout(step)
-        rewards, per_fn = self.score(rows, out, step)
+        self.reward_logs = [RewardLogs(len(rows))]  # what reward functions log (log_extra / log_metric), per round
+        rewards, per_fn = self.score(rows, out, step, self.reward_logs[0])
         if not r.sampling.dynamic_sampling:
             return rows, out, rewards, per_fn, {}
         G, need = r.sampling.num_generations, len(rows) // r.sampling.num_generations
@@ -319,7 +330,8 @@ class Trainer:
             if float(short) == 0 or rounds == r.sampling.dynamic_sampling_max_rounds:
                 break
             rows, out = self.rollout(step, rounds)
-            parts.append((rows, out, *self.score(rows, out, step)))
+            self.reward_logs.append(RewardLogs(len(rows)))
+            parts.append((rows, out, *self.score(rows, out, step, self.reward_logs[-1])))
             rounds += 1
         all_rows = [row for p in parts for row in p[0]]
         all_out = concat_rollouts([p[1] for p in parts], self.tokenizer.pad_token_id)
@@ -333,6 +345,7 @@ class Trainer:
         per_fn = {name: torch.cat([p[3][name] for p in parts])[idx] for name in parts[0][3]}
         # prompts_truncated: per row it is not kept; the first round's count stands for the batch
         out = select_rows(all_out, idx, parts[0][1].prompts_truncated)
+        self.reward_logs = [_select_logged_columns(self.reward_logs, idx)]
         return ([all_rows[i] for i in idx], out, all_rewards[idx], per_fn,
                 {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filled_groups": float(filled_t)})
 
@@ -367,12 +380,14 @@ class Trainer:
         weights = torch.tensor(self.reward_weights, dtype=per_func.dtype, device=total.device)
         return combine_rewards(per_func, weights, "normalize_then_sum", group_size=r.sampling.num_generations)
 
-    def score(self, rows, out, step: int):
+    def score(self, rows, out, step: int, logs: RewardLogs | None = None):
+        """(total (B,), per-function rewards); what the functions log through log_extra /
+        log_metric goes to ``logs`` (None: discarded, as for ReMax's greedy baselines)."""
         ids = valid_token_lists(out.completion_ids, out.completion_mask)
         columns = {k: [row.get(k) for row in rows] for k in rows[0] if k != "prompt"}
         total, per_fn = compute_rewards(
             self.reward_funcs, self.reward_weights, [row["prompt"] for row in rows], out.completions, ids, columns,
-            trainer_state={"step": step},
+            trainer_state={"step": step}, logs=logs,
         )
         return total.to(self.accelerator.device), per_fn
 
@@ -413,7 +428,8 @@ class Trainer:
             is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, level=level, mode=mode,
                                                clip_min=a.rollout_correction_min, clip_max=a.rollout_correction_max)
         batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
-                          adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights)
+                          adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
+                          out.rollout_logp if a.off_policy_mask_threshold is not None else None)
         return batch, (g_rewards, g_mask, g_kl, adv.advantages)
 
     def _global_counts(self, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,11 +445,15 @@ class Trainer:
         ranks (DDP) equal the aggregated loss of the whole global minibatch."""
         r = self.recipe
         a = r.algorithm
-        logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=a.entropy_coef > 0)
+        entropy_coef = self.entropy_coef_now()
+        logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=entropy_coef > 0)
         old = logp.detach() if r.train.single_pass else mb.old_logp
         loss_mask = mb.loss_mask  # OPSM narrows it for the policy loss only (counts come from before)
         if a.opsm_delta is not None:
             loss_mask = opsm_mask(logp, old, mb.advantages, loss_mask, a.opsm_delta)
+        if a.off_policy_mask_threshold is not None:  # TRL: the rollout engine's log-probs when it gave them
+            sampling = mb.rollout_logp if mb.rollout_logp is not None else old
+            loss_mask = off_policy_sequence_mask(logp, sampling, mb.advantages, loss_mask, a.off_policy_mask_threshold)
         pg, diag = compute_policy_loss(a.policy_loss, logp, old, mb.advantages, loss_mask, r.policy_loss_config())
         # Per-token weights of the policy loss, as TRL applies them (the normalisers stay those of
         # the loss mask): the rollout-correction weight w_t, and top_entropy_quantile's 0/1 mask.
@@ -445,7 +465,7 @@ class Trainer:
             pg = pg * kept
         kl_loss = kl_per_token(a.kl_estimator, logp, mb.ref_logp, mb.completion_mask) if (a.kl_placement == "in_loss" and mb.ref_logp is not None) else None
         objective = token_objective(pg, kl=kl_loss, kl_coef=a.kl_coef if kl_loss is not None else 0.0,
-                                    entropy=entropy, entropy_coef=a.entropy_coef)
+                                    entropy=entropy, entropy_coef=entropy_coef)
         scale = float(self.world)  # DDP averages gradients over ranks; undo it
         norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
         policy_loss = aggregate_loss(a.aggregation, objective, loss_mask, **norm) * scale
@@ -454,6 +474,10 @@ class Trainer:
         metrics["entropy"] = token_mean_metric(entropy, mb.completion_mask)  # detached inside
         if kept is not None:
             metrics["entropy/top_quantile_kept"] = masked_mean(kept, mb.loss_mask)
+        if self.entropy_control is not None:  # TRL measures over the policy loss's tokens (top-entropy ones too)
+            tokens = mb.loss_mask if kept is None else mb.loss_mask * kept
+            self._entropy_window[0] += float((entropy.detach() * tokens).sum())
+            self._entropy_window[1] += float(tokens.sum())
         total = policy_loss
         if self.critic is not None:
             values = self.critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
@@ -511,7 +535,31 @@ class Trainer:
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics.update(self._rank_extremes(per_micro))
+        if self._entropy_coefs:
+            metrics["entropy_coef"] = sum(self._entropy_coefs) / len(self._entropy_coefs)
+            self._entropy_coefs.clear()
         return metrics, last, first_logp
+
+    # -- adaptive entropy control -----------------------------------------------------------
+    def entropy_coef_now(self) -> float:
+        """The entropy coefficient this update's loss uses: algorithm.entropy_coef, or with
+        use_adaptive_entropy the controller's c * 1[H_prev <= target] (core.entropy_control)."""
+        if self.entropy_control is None:
+            return self.recipe.algorithm.entropy_coef
+        return applied_entropy_coef(self.entropy_state, self.entropy_control)
+
+    def _update_entropy_control(self) -> None:
+        """After an optimiser update: the token-weighted mean entropy of its loss tokens over all
+        ranks and micro-batches (TRL's window-global mean) moves the coefficient one step. TRL logs
+        ``entropy_coef`` after every update whenever an entropy bonus is on (static too)."""
+        if self.entropy_control is not None:
+            window = torch.tensor(self._entropy_window, dtype=torch.float64, device=self.accelerator.device)
+            window = self.accelerator.reduce(window, reduction="sum") if self.world > 1 else window
+            entropy = float(window[0] / window[1].clamp(min=1.0))
+            self.entropy_state = update_entropy_control(self.entropy_state, entropy, self.entropy_control)
+            self._entropy_window = [0.0, 0.0]
+        if self.entropy_control is not None or self.recipe.algorithm.entropy_coef != 0.0:
+            self._entropy_coefs.append(self.entropy_state.coef)
 
     def _rank_extremes(self, per_micro: dict[str, list[float]]) -> dict[str, float]:
         """TRL's ``clip_ratio/low_min`` / ``high_max``: per micro-batch the min / max over ranks,
@@ -549,6 +597,7 @@ class Trainer:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.snapshot_weights()
+        self._update_entropy_control()
         if self.critic is not None:
             acc.clip_grad_norm_(self.critic.parameters(), max_norm)
             self.critic_optimizer.step()
@@ -592,6 +641,7 @@ class Trainer:
         metrics = {k: float(acc.reduce(torch.tensor(v, device=acc.device), reduction="mean")) for k, v in metrics.items()} if self.world > 1 else metrics
         metrics.update({k: float(v) for k, v in reward_metrics(g_rewards.cpu(), r.sampling.num_generations).items()})
         metrics.update(sampled)
+        metrics.update(self._reward_logged_metrics())
         for name, values in per_fn.items():
             g = acc.gather(values.to(acc.device)).cpu()
             metrics.update({k: float(v) for k, v in reward_function_metrics(name, g).items()})
@@ -649,6 +699,23 @@ class Trainer:
             stats = {k: self._reduce(v, k.rsplit("/", 1)[1]) for k, v in stats.items()}
         return {k: float(v) for k, v in stats.items()}
 
+    def _reward_logged_metrics(self) -> dict[str, float]:
+        """The metrics reward functions logged with log_metric this step, under their own names
+        (as TRL logs them): sum / count of the values over every rank (TRL's reduction)."""
+        local = self.reward_logs[0].metrics
+        names = sorted(local)
+        if self.world > 1:  # every rank must reduce the same names in the same order
+            from accelerate.utils import gather_object
+
+            names = sorted(set(gather_object(names)))
+        out = {}
+        for name in names:
+            values = local.get(name, [])
+            stats = torch.tensor([sum(values), len(values)], dtype=torch.float64, device=self.accelerator.device)
+            stats = self.accelerator.reduce(stats, reduction="sum") if self.world > 1 else stats
+            out[name] = float(stats[0] / stats[1].clamp(min=1.0))
+        return out
+
     def _reduce(self, value: torch.Tensor, how: str) -> torch.Tensor:
         """A scalar over ranks by ``how`` (mean / max / min; accelerate has no min: -max(-x))."""
         if how == "min":
@@ -662,7 +729,8 @@ class Trainer:
         seq_adv = masked_mean(advantages, out.completion_mask, dim=1)
         samples = [
             {"prompt": rows[i]["prompt"], "completion": out.completions[i], "reward": float(rewards[i]),
-             "advantage": float(seq_adv[i]), "length": int(out.completion_mask[i].sum()), "truncated": bool(out.truncated[i])}
+             "advantage": float(seq_adv[i]), "length": int(out.completion_mask[i].sum()), "truncated": bool(out.truncated[i]),
+             **{column: values[i] for column, values in self.reward_logs[0].extra.items()}}  # reward functions' log_extra
             for i in range(min(n, len(rows)))
         ]
         self.events.emit("samples", step, samples=samples)
@@ -720,6 +788,20 @@ class Trainer:
                     self.accelerator.end_training()
                 self.events.close()
         return status
+
+
+def _select_logged_columns(logs: list[RewardLogs], idx: list[int]) -> RewardLogs:
+    """Dynamic sampling's rounds as one RewardLogs for the kept rows ``idx`` (into the rounds'
+    rows, concatenated): a column a round did not log is None there (TRL fills missing columns
+    with None); metric values of every round count."""
+    out = RewardLogs(len(idx))
+    for column in dict.fromkeys(c for part in logs for c in part.extra):
+        values = [v for part in logs for v in part.extra.get(column, [None] * part.batch_size)]
+        out.extra[column] = [values[i] for i in idx]
+    for part in logs:
+        for name, values in part.metrics.items():
+            out.metrics.setdefault(name, []).extend(values)
+    return out
 
 
 def parameter_digest(model: torch.nn.Module) -> str:

@@ -378,6 +378,8 @@ class RunStore:
         rows = self._payload_rows("samples", [run_id], step)
         records = [{"run_id": r["run_id"], "step": r["step"], **s} for r in rows for s in json.loads(r["data"])]
         columns = ["run_id", "step", "prompt", "completion", "reward", "advantage", "length", "truncated"]
+        # then the columns reward functions logged with log_extra (TRL's extra completion columns)
+        columns += list(dict.fromkeys(k for record in records for k in record if k not in columns))
         return pd.DataFrame.from_records(records, columns=columns) if records else pd.DataFrame(columns=columns)
 
     def diagnostic_steps(self, run_id: str) -> list[int]:

@@ -156,14 +156,18 @@ POLICY_LOSS_EXPLANATIONS: dict[str, Explanation] = {
                       r"\text{valid}_t:\ p_t - p^{old}_t \le \varepsilon_{high}\ (A>0),\quad \ge -\varepsilon_{low}\ (A \le 0)"),
         "A trust region on the change of the token's probability, not its ratio: 1e-5 -> 1e-3 (ratio 100) is a tiny "
         "move, 0.99 -> 0.8 a large one.",
-        "verl policy_loss dppo_tv.", ("eps_low", "eps_high", "clip_c"),
-        ("The region depends on p_old, not only on the ratio: no single ratio curve.",)),
+        "verl policy_loss dppo_tv (clip_ratio_low / _high are the TV threshold, clip_ratio_c the ratio cap C).",
+        ("eps_low", "eps_high", "clip_c"),
+        ("The region depends on p_old, not only on the ratio: no single ratio curve.",
+         "The paper's settings (verl example): TV 0.15, C = 10000 (no truncation), Dr. GRPO advantages and "
+         "seq-mean-token-sum-norm, several mini-batches per rollout batch: the dppo preset."), preset="dppo"),
     "dppo_kl": Explanation(
         "DPPO (KL)", (r"\mathrm{KL}_b = p^{old}\log\frac{p^{old}}{p} + (1-p^{old})\log\frac{1-p^{old}}{1-p}",
                       r"\text{valid}_t:\ \mathrm{KL}_b \le \varepsilon \text{ or } p \text{ moved against } A"),
         "As DPPO (TV) with the binary KL between the old and new probability of the sampled token.",
         "verl policy_loss dppo_kl.", ("eps_low", "eps_high", "clip_c"),
-        ("The region depends on p_old, not only on the ratio: no single ratio curve.",)),
+        ("The region depends on p_old, not only on the ratio: no single ratio curve.",
+         "The paper's KL threshold is 0.05 (verl example): the dppo preset with policy_loss=dppo_kl, eps 0.05.")),
     "clip_cov": Explanation(
         "Clip-Cov", (r"\mathrm{Cov}_t = (A_t - \bar A)(\log\pi_t - \overline{\log\pi})",
                      r"\ell_t = \ell^{clip}_t\,(1 - \text{selected}_t)"),
