@@ -141,7 +141,8 @@ DEFINING = {
         "train.mu": 2,
     },
     "gpg": {
-        "algorithm.advantage": "grpo",
+        "algorithm.advantage": "gpg",
+        "algorithm.gpg_alpha": "paper",
         "algorithm.grpo_scale": "none",
         "algorithm.policy_loss": "gpg",
         "algorithm.aggregation": "token-mean",

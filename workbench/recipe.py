@@ -25,6 +25,7 @@ from workbench.core.choices import (
     CISPO_BOUNDS,
     CRITIC_ESTIMATORS,
     GROUP_ESTIMATORS,
+    GPG_ALPHAS,
     GRPO_SCALES,
     GSPO_VARIANTS,
     KL_ESTIMATOR_NAMES,
@@ -102,6 +103,7 @@ _NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "kl_estimator": lambda: KL_ESTIMATOR_NAMES,
     "kl_placement": lambda: KL_PLACEMENTS,
     "grpo_scale": lambda: GRPO_SCALES,
+    "gpg_alpha": lambda: GPG_ALPHAS,
     "gspo_variant": lambda: GSPO_VARIANTS,
     "cispo_bounds": lambda: CISPO_BOUNDS,
     "reinforce_form": lambda: REINFORCE_FORMS,
@@ -114,9 +116,11 @@ class Algorithm(_Section):
     """The algorithm axes. Defaults are GRPO as in DeepSeekMath / TRL."""
 
     advantage: str = "grpo"
-    """Advantage estimator: grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline, gae (PPO, needs critic), remax (needs a greedy baseline rollout), opo (length-weighted baseline), grpo_passk (only the best of each group is credited)."""
+    """Advantage estimator: grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline, gae (PPO, needs critic), remax (needs a greedy baseline rollout), opo (length-weighted baseline), grpo_passk (only the best of each group is credited), gpg (group mean baseline times GPG's batch rescaling alpha)."""
     grpo_scale: str = "group"
     """GRPO std: group (GRPO), batch (TRL scale_rewards='batch'), none (Dr. GRPO, no std bias)."""
+    gpg_alpha: str = "paper"
+    """advantage=gpg only: batch rescaling alpha: paper (B / (B - M), M = completions of all-equal groups), verl (B / non-zero rewards, verl's compute_gpg_outcome_advantage), none."""
     adv_eps: float = Field(1e-6, ge=0)
     """Added to the std in GRPO (TRL 1e-4, verl 1e-6); matters only for near-constant groups."""
     whiten_advantages: bool = False
@@ -417,6 +421,7 @@ class Recipe(_Section):
             lam=a.lam,
             kl_coef=a.kl_coef if a.kl_placement == "in_reward" else 0.0,
             whiten=a.whiten_advantages,
+            gpg_alpha=a.gpg_alpha,
         )
 
     def policy_loss_config(self) -> PolicyLossConfig:

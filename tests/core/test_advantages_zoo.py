@@ -57,6 +57,46 @@ def test_remax_matches_verl_without_in_reward_kl(seed):
     torch.testing.assert_close(ours, verl_remax(outcome_token_rewards(rewards, mask), baselines, mask))
 
 
+# ---- GPG ---------------------------------------------------------------------------------------
+
+
+def test_gpg_rescales_by_the_share_of_informative_completions():
+    # 3 groups of 2: (1, 0) informative, (1, 1) and (0, 0) all-equal -> M = 4 of B = 6.
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    mask = torch.ones(6, 1)
+
+    def adv(alpha, **kw):
+        cfg = AdvantageConfig(group_size=2, **{"scale": "none", "gpg_alpha": alpha, **kw})
+        return compute_advantages("gpg", rewards, mask, cfg).advantages[:, 0].tolist()
+
+    # r - mean_g = (0.5, -0.5, 0, 0, 0, 0)
+    assert adv("none") == [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    assert adv("paper") == [1.5, -1.5, 0.0, 0.0, 0.0, 0.0]  # alpha = 6 / (6 - 4) = 3
+    assert adv("verl") == [1.0, -1.0, 0.0, 0.0, 0.0, 0.0]  # alpha = 6 / #(r != 0) = 6 / 3 = 2
+    # F_norm = std_g + eps: std of (1, 0) = 1/sqrt(2)
+    assert_values(torch.tensor(adv("paper", eps=0.0, scale="group")[:2]), [3 * 0.5 * math.sqrt(2), -3 * 0.5 * math.sqrt(2)])
+    zeros = compute_advantages("gpg", torch.ones(4), torch.ones(4, 2), AdvantageConfig(group_size=2, scale="none"))
+    assert zeros.advantages.abs().sum() == 0  # every group equal: alpha = B / 1 never multiplies a nonzero
+
+
+def verl_gpg(token_level_rewards, response_mask, index, f_norm=1.0):
+    # verl verl/trainer/ppo/core_algos.py, compute_gpg_outcome_advantage, its loop vectorised:
+    scores = token_level_rewards.sum(dim=-1)
+    bsz = scores.shape[0]
+    alpha = bsz / torch.count_nonzero(scores).clamp(min=1)
+    means = {i: scores[torch.as_tensor(index) == i].mean() for i in set(index)}
+    out = torch.stack([alpha * (scores[k] - means[index[k]]) / f_norm for k in range(bsz)])
+    return out.unsqueeze(-1) * response_mask
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gpg_verl_alpha_matches_verl(seed):
+    rewards, mask = random_group_batch(seed)
+    index = [k // 4 for k in range(rewards.numel())]
+    ours = compute_advantages("gpg", rewards, mask, AdvantageConfig(group_size=4, scale="none", gpg_alpha="verl"))
+    torch.testing.assert_close(ours.advantages, verl_gpg(outcome_token_rewards(rewards, mask), mask, index))
+
+
 # ---- OPO ---------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "advantages": ("ADVANTAGE_ESTIMATORS", "REWARD_DTYPE", "AdvantageConfig", "Advantages", "combine_rewards",
                    "compute_advantages", "equal_groups", "kl_shaped_sequence_rewards", "token_level_rewards"),
     "aggregation": ("LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers"),
-    "choices": ("BASELINE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GRPO_SCALES", "IS_LEVELS", "IS_MODES",
+    "choices": ("BASELINE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GPG_ALPHAS", "GRPO_SCALES", "IS_LEVELS", "IS_MODES",
                 "MULTI_REWARD_MODES", "TOKEN_LEVEL_ESTIMATORS", "KL_PLACEMENTS", "PolicyLossConfig"),
     "correction": ("rollout_correction",),
     "diagnostics": ("length_metrics", "reward_function_metrics", "reward_metrics", "terminated_length_metrics",

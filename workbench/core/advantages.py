@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .choices import (  # noqa: F401 (no torch)
+    GPG_ALPHAS,
     BASELINE_ESTIMATORS,
     CRITIC_ESTIMATORS,
     GROUP_ESTIMATORS,
@@ -53,6 +54,7 @@ class AdvantageConfig:
     kl_coef: in-reward KL coefficient (0 when the KL goes in the loss, or is off).
     whiten: normalise the final advantages over all valid tokens of the batch (masked
         mean/var). PPO implementations do this for GAE; it changes the effective step size.
+    gpg_alpha: ``gpg`` only: its batch rescaling (``paper``, ``verl`` or ``none``; see gpg_advantages).
     """
 
     group_size: int = 1
@@ -62,6 +64,7 @@ class AdvantageConfig:
     lam: float = 1.0
     kl_coef: float = 0.0
     whiten: bool = False
+    gpg_alpha: str = "paper"
 
 
 class Advantages(NamedTuple):
@@ -301,6 +304,54 @@ def grpo_passk_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, value
     margin = margin if std is None else margin / (std + cfg.eps)
     scores = torch.zeros_like(grouped).scatter(1, top.indices[:, :1], margin)
     return _broadcast(_zero_equal_groups(scores, grouped).reshape(-1), mask)
+
+
+def _gpg_alpha_paper(r: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
+    """B / (B - M), M = completions in groups whose rewards are all equal (no gradient there);
+    1 when every group is equal (all advantages are 0 anyway)."""
+    informative = (~equal_groups(grouped)).expand_as(grouped).sum()
+    return r.numel() / informative.clamp(min=1).to(r.dtype)
+
+
+def _gpg_alpha_verl(r: torch.Tensor, grouped: torch.Tensor) -> torch.Tensor:
+    """B / max(#(r_i != 0), 1), as verl's compute_gpg_outcome_advantage counts valid samples."""
+    return r.numel() / torch.count_nonzero(r).clamp(min=1).to(r.dtype)
+
+
+_GPG_ALPHA: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "paper": _gpg_alpha_paper,
+    "verl": _gpg_alpha_verl,
+    "none": lambda r, grouped: torch.ones((), dtype=r.dtype, device=r.device),
+}
+
+
+@ADVANTAGE_ESTIMATORS.register("gpg")
+def gpg_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+    """GPG, Group Policy Gradient (Chu et al. 2025, arXiv 2504.02546, Eq. 8-9; verl ``gpg``):
+
+        A_i = alpha * (r_i - mean_g) / F_norm
+
+    over the global batch of B completions. F_norm is picked by ``scale`` as for ``grpo``
+    (``none``: 1, the paper's and verl's default; ``group``: std_g + eps). alpha rescales the
+    batch so that completions without a gradient do not dilute it:
+
+        paper   alpha = B / (B - M), M = completions in groups whose rewards are all equal
+        verl    alpha = B / max(#(r_i != 0), 1)   (verl's compute_gpg_outcome_advantage counts
+                non-zero rewards: with 0/1 rewards it leaves out the wrong answers of every
+                group and counts all-right groups, so it differs from B - M in general)
+        none    alpha = 1
+
+    All-equal groups get exactly 0 (verl leaves their float rounding).
+    """
+    r = kl_shaped_sequence_rewards(rewards, mask, kl, cfg.kl_coef)
+    grouped = _groups(r, cfg.group_size)
+    if cfg.group_size < 2:
+        return _broadcast(torch.zeros_like(r), mask)
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    std = _GRPO_STD[check_choice("scale", cfg.scale, GRPO_SCALES)](grouped, r)
+    scores = centered if std is None else centered / (std + cfg.eps)
+    alpha = _GPG_ALPHA[check_choice("gpg_alpha", cfg.gpg_alpha, GPG_ALPHAS)](r, grouped)
+    return _broadcast(_zero_equal_groups(alpha * scores, grouped).reshape(-1), mask)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from .registry import check_choice
 
 # ---- registry names (advantages.py, policy_losses.py, aggregation.py, kl.py) -----------------
 ADVANTAGE_NAMES: tuple[str, ...] = (
-    "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk")
+    "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg")
 POLICY_LOSS_NAMES: tuple[str, ...] = (
     "clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg")
 AGGREGATION_NAMES: tuple[str, ...] = (
@@ -23,9 +23,12 @@ KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
 
 # ---- advantage estimators (advantages.py) -----------------------------------------------------
 GRPO_SCALES: tuple[str, ...] = ("group", "batch", "none")
+# GPG's batch rescaling alpha (advantages.gpg_advantages): the paper's B / (B - M), verl's
+# B / (rewards != 0), or none.
+GPG_ALPHAS: tuple[str, ...] = ("paper", "verl", "none")
 TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
 # Estimators whose baseline is the other completions of the prompt's group: they need G >= 2.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk", "gpg"})
 # Estimators that read a critic's values (B, T).
 CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
 # Estimators that read a per-completion baseline reward (B,) supplied by the caller: ReMax's is the

@@ -25,6 +25,7 @@ from workbench.core import (
     ADVANTAGE_ESTIMATORS,
     BASELINE_ESTIMATORS,
     CRITIC_ESTIMATORS,
+    GPG_ALPHAS,
     GRPO_SCALES,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
@@ -239,12 +240,13 @@ PAGES: list[tuple[Callable[[], None], str, str]] = [(_page(k), f"Walkthrough: {w
 REGISTRIES: dict[str, tuple[Any, type]] = {"advantage": (ADVANTAGE_ESTIMATORS, AdvantageConfig),
                                            "policy_loss": (POLICY_LOSSES, PolicyLossConfig)}
 # string knobs and their allowed values (selectboxes)
-KNOB_CHOICES: dict[str, tuple[str, ...]] = {"scale": GRPO_SCALES, "gspo_variant": GSPO_VARIANTS,
+KNOB_CHOICES: dict[str, tuple[str, ...]] = {"scale": GRPO_SCALES, "gpg_alpha": GPG_ALPHAS, "gspo_variant": GSPO_VARIANTS,
                                             "cispo_bounds": CISPO_BOUNDS, "reinforce_form": REINFORCE_FORMS}
 # AdvantageConfig field -> the recipe key that sets it (PolicyLossConfig fields are algorithm.<same name>)
 ADVANTAGE_RECIPE_KEYS: dict[str, str] = {"group_size": "sampling.num_generations", "scale": "algorithm.grpo_scale",
                                          "eps": "algorithm.adv_eps", "gamma": "algorithm.gamma", "lam": "algorithm.lam",
-                                         "kl_coef": "algorithm.kl_coef", "whiten": "algorithm.whiten_advantages"}
+                                         "kl_coef": "algorithm.kl_coef", "whiten": "algorithm.whiten_advantages",
+                                         "gpg_alpha": "algorithm.gpg_alpha"}
 # knobs the worked example does not offer as widgets: G has its own input; an in-reward KL needs a
 # KL per token, which the example has no policy for (the table lists them all the same)
 EXAMPLE_FIXED = frozenset({"group_size", "kl_coef"})

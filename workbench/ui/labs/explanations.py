@@ -80,10 +80,11 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "A baseline without a critic or a group: the reward of one greedy completion of the same prompt "
         "(Li et al. 2023).",
         "verl adv_estimator=remax (reward_baselines).",
-        ("kl_coef",), ("Costs one extra (greedy) rollout per prompt, not trained on.",
+        ("kl_coef",), ("Costs one extra (greedy) rollout per prompt, not trained on; its reward is logged as "
+             "remax/baseline_reward.",
              "With an in-reward KL verl subtracts the baseline from per-token returns; here from the shaped "
              "sequence reward (equal without an in-reward KL)."),
-        launch_note="The engine does not generate the greedy baseline rollout yet, so no run can use remax."),
+        preset="remax"),
     "opo": Explanation(
         "OPO (optimal baseline)",
         (r"b_g = \frac{\sum_{j \in g} n_j r_j}{\sum_{j \in g} n_j}", r"A_i = r_i - b_g"),
@@ -92,6 +93,19 @@ ADVANTAGE_EXPLANATIONS: dict[str, Explanation] = {
         "verl adv_estimator=opo.",
         ("group_size", "kl_coef"),
         ("A group of one gets A = 0 here (verl: b = 0, A = r).", "All-equal groups get exactly 0."), preset="opo"),
+    "gpg": Explanation(
+        "GPG",
+        (r"A_i = \alpha \, \frac{r_i - " + GROUP_MEAN + r"}{F_{norm}}",
+         r"\alpha_{paper} = \frac{B}{B - M} \quad \alpha_{verl} = \frac{B}{\#\{i : r_i \ne 0\}}"),
+        "Group Policy Gradient (Chu et al. 2025): the plain policy gradient with a group-mean baseline; the "
+        "completions of all-equal groups (M of the B) carry no gradient, so alpha scales the batch back up "
+        "instead of letting them dilute it.",
+        "verl adv_estimator=gpg (alpha = B / non-zero rewards, f_norm = 1) with policy_loss gpg.",
+        ("group_size", "scale", "gpg_alpha", "kl_coef"),
+        ("gpg_alpha='paper' (default) counts the completions of informative groups; 'verl' counts non-zero "
+         "rewards, which differs when a right answer scores 0 or a wrong one not.",
+         "One positive scale per batch: with Adam it mostly changes the step only while M changes.",
+         "scale='none' is the paper's F_norm = 1; 'group' divides by std_g + eps."), preset="gpg"),
     "grpo_passk": Explanation(
         "GRPO pass@k",
         (r"A_{best} = \frac{r_{(1)} - r_{(2)}}{\operatorname{std}_g(r) + \varepsilon}", r"A_i = 0 \text{ otherwise}"),
