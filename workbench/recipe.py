@@ -316,7 +316,7 @@ class Checkpoint(_Section):
     """What the run saves to continue after a crash (``train --resume RUN_DIR``)."""
 
     every: int = Field(0, ge=0, le=MAX_STEPS)
-    """A checkpoint (policy, tokenizer, optimiser, scheduler, RNG states, step) every N steps; 0 = only at the end. The finished policy is always saved as a plain Hugging Face directory, run_dir/final."""
+    """A checkpoint (policy, tokenizer, optimiser, scheduler, RNG states, step) every N steps; 0 = only at the end. With LoRA the checkpoint holds the adapters (the base is frozen). The finished policy is always saved as a plain Hugging Face directory, run_dir/final (LoRA: merged; the adapters alone in run_dir/final_adapter)."""
     keep_last: int = Field(1, ge=1, le=1000)
     """How many of the newest checkpoints are kept (older ones are deleted once a newer one is complete)."""
 
@@ -372,7 +372,7 @@ class Recipe(_Section):
     name: str = "grpo"
     description: str = ""
     model: str = "tiny"
-    """'tiny' (built locally) or a Hugging Face causal LM path / hub id."""
+    """'tiny' (built locally) or a Hugging Face causal LM path / hub id. Also spelled model: {name: ..., lora: {...}} (see lora)."""
     task: str | None = "arithmetic"
     """Built-in task or reasoning_gym/<dataset> (e.g. reasoning_gym/basic_arithmetic); its prompts and reward functions are used unless overridden."""
     task_config: dict[str, Any] = Field(default_factory=dict)
