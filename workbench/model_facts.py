@@ -16,6 +16,9 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +149,70 @@ def _cached_hub_dir(model: str) -> Path | None:
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """A Llama-family decoder's dimensions, read from config.json (Llama, Mistral, Qwen2, SmolLM2).
+
+    Per layer: attention q (H -> n_heads*d), k and v (H -> n_kv*d), o (n_heads*d -> H); a gated
+    MLP gate, up (H -> I) and down (I -> H); two RMSNorm weights (H each). Plus the embeddings
+    (V x H), a final norm (H) and the output head (V x H) unless tied to the embeddings.
+    """
+
+    hidden: int
+    layers: int
+    vocab: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "ModelShape | None":
+        """None when a key the layout needs is missing or not a positive int (another architecture)."""
+        keys = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads")
+        if not all(isinstance(config.get(k), int) and not isinstance(config.get(k), bool) and config[k] > 0 for k in keys):
+            return None
+        H, heads = config["hidden_size"], config["num_attention_heads"]
+        kv = config.get("num_key_value_heads") or heads
+        head_dim = config.get("head_dim") or H // heads
+        attention_bias = bool(config.get("attention_bias", False))
+        return cls(hidden=H, layers=config["num_hidden_layers"], vocab=config["vocab_size"],
+                   intermediate=config["intermediate_size"], heads=heads, kv_heads=int(kv), head_dim=int(head_dim),
+                   tied=bool(config.get("tie_word_embeddings", True)),
+                   qkv_bias=attention_bias or config.get("model_type") == "qwen2",  # Qwen2: q, k, v biases
+                   o_bias=attention_bias, mlp_bias=bool(config.get("mlp_bias", False)))
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer, by its module name."""
+        H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+                "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+
+    @property
+    def num_parameters(self) -> int:
+        """Every parameter: sum of weights (in x out) and biases, norms and embeddings, as above."""
+        shapes = self.linear_shapes()
+        weights = sum(i * o for i, o in shapes.values())
+        biases = (sum(shapes[n][1] for n in ("q_proj", "k_proj", "v_proj")) if self.qkv_bias else 0) \
+            + (self.hidden if self.o_bias else 0) \
+            + (sum(shapes[n][1] for n in ("gate_proj", "up_proj", "down_proj")) if self.mlp_bias else 0)
+        per_layer = weights + biases + 2 * self.hidden
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
+
+    def lora_parameters(self, r: int, target_modules: str | Sequence[str]) -> int:
+        """Adapter parameters: r x (in + out) per adapted linear layer (A: in -> r, B: r -> out).
+        'all-linear' adapts every linear layer of the decoder (PEFT leaves the output head out);
+        a list names modules by their last name component; names this layout lacks add nothing."""
+        shapes = self.linear_shapes()
+        names = shapes if target_modules == "all-linear" else [n for n in shapes if n in set(target_modules)]
+        return self.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """What a recipe can be checked against before any weights are loaded.
 
@@ -155,12 +222,15 @@ class ModelFacts:
         eos_token_ids: the ids generation stops at: the tokenizer's EOS, then the generation
             config's ``eos_token_id`` (int or list), de-duplicated, as TRL's GRPOTrainer does.
         has_chat_template: the tokenizer ships a chat template (conversational prompts work).
+        shape: the decoder's dimensions when config.json describes a Llama-family model (for
+            the memory estimate), else None.
     """
 
     path: Path | None
     max_positions: int | None
     eos_token_ids: tuple[int, ...]
     has_chat_template: bool
+    shape: ModelShape | None = None
 
 
 def merge_eos_ids(tokenizer_eos: int | None, configured: int | Sequence[int] | None) -> list[int]:
@@ -210,7 +280,7 @@ def read_model_facts(path: Path) -> ModelFacts:
         (path / f).is_file() for f in ("chat_template.jinja", "chat_template.json")
     )
     max_positions = next((int(config[k]) for k in CONTEXT_KEYS if isinstance(config.get(k), int)), None)
-    return ModelFacts(path.resolve(), max_positions, tuple(ids), has_template)
+    return ModelFacts(path.resolve(), max_positions, tuple(ids), has_template, ModelShape.from_config(config))
 
 
 def model_facts(name_or_path: str, *, home: Path | str | None = None) -> ModelFacts | None:
@@ -232,3 +302,119 @@ def model_facts(name_or_path: str, *, home: Path | str | None = None) -> ModelFa
     if not (path / "config.json").is_file():
         path = _cached_hub_dir(name_or_path)
     return read_model_facts(path) if path is not None else None
+
+
+# --------------------------------------------------------------------------------------------
+# Will a run fit? (estimated from the shape, before anything is loaded)
+# --------------------------------------------------------------------------------------------
+
+#: Bytes per element: weights and optimiser states are fp32 (load_policy loads fp32 and
+#: accelerate's mixed precision keeps fp32 master weights); activations follow train.precision.
+FP32_BYTES = 4
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: Prompt tokens assumed when sampling.max_prompt_length is not set (the tasks' prompts are shorter).
+ASSUMED_PROMPT_TOKENS = 128
+#: Fraction of a GPU the colocated vLLM engine takes (vllm_rollout passes it as gpu_memory_utilization).
+VLLM_GPU_MEMORY_UTILIZATION = 0.3
+#: GiB of KV cache vLLM takes on CPU (VLLM_CPU_KVCACHE_SPACE, vllm_rollout's default).
+VLLM_CPU_KVCACHE_GIB = 1
+
+
+@dataclass(frozen=True)
+class TrainingFootprint:
+    """What one training process holds; bytes per part (``parts``), summed by ``total``."""
+
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        """'weights 2.0 GiB, gradients 2.0 GiB, ...' (non-zero parts, in order)."""
+        return ", ".join(f"{name} {format_bytes(n)}" for name, n in self.parts.items() if n)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def activation_bytes(shape: ModelShape, rows: int, seq: int, completion: int, element_bytes: int,
+                     checkpointing: bool) -> int:
+    """Activations kept for the backward pass of one micro-batch (b rows, s tokens, of which the
+    last ``completion`` are scored), a rough upper estimate.
+
+    Per layer (Korthikanti et al. 2022, eager attention): s b h (34 + 5 a s / h) bytes at 2 bytes
+    per element, scaled by element_bytes / 2. With gradient checkpointing only each layer's
+    input (s b h elements) is kept, plus one layer recomputed at a time. Plus the fp32 logits
+    over every position and two fp32 copies over the completion (log-softmax, entropy).
+    """
+    s, b, h, a = seq, rows, shape.hidden, shape.heads
+    layer = s * b * h * (34 + 5 * a * s / h) * element_bytes / 2
+    layers = shape.layers * s * b * h * element_bytes + layer if checkpointing else shape.layers * layer
+    logits = FP32_BYTES * b * shape.vocab * (s + 2 * completion)
+    return int(layers + logits)
+
+
+def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str | Sequence[str] = "all-linear",
+                       reference_copy: bool = False, critic: bool = False, behaviour_copy: bool = False,
+                       vllm_copy: bool = False, rows: int = 1, seq: int = 1, completion: int = 1,
+                       precision: str = "fp32", checkpointing: bool = False) -> TrainingFootprint:
+    """Memory of one training process, by part (bytes).
+
+    P = all parameters, T = trainable ones (P, or the adapters' with LoRA): weights 4 P (+ 4 T
+    adapters), gradients 4 T, AdamW's two moments 8 T; a reference copy 4 P (KL without LoRA;
+    LoRA disables its adapters instead); the critic, a copy of the policy's backbone with its own
+    gradients and moments (16 P, or 4 P + 16 T with LoRA); the stale behaviour copy 4 P; vLLM's
+    weights 4 P; activations of one micro-batch (:func:`activation_bytes`).
+    """
+    P = shape.num_parameters
+    T = shape.lora_parameters(lora_r, lora_targets) if lora_r else P
+    adapters = T if lora_r else 0
+    critic_bytes = (FP32_BYTES * P + 4 * FP32_BYTES * T) if lora_r else 4 * FP32_BYTES * P
+    return TrainingFootprint({
+        "weights": FP32_BYTES * (P + adapters),
+        "gradients": FP32_BYTES * T,
+        "Adam states": 2 * FP32_BYTES * T,
+        "reference copy": FP32_BYTES * P if reference_copy else 0,
+        "critic": critic_bytes if critic else 0,
+        "behaviour copy": FP32_BYTES * P if behaviour_copy else 0,
+        "vLLM weights": FP32_BYTES * P if vllm_copy else 0,
+        "activations": activation_bytes(shape, rows, seq, completion, ACTIVATION_BYTES[precision], checkpointing),
+    })
+
+
+# --------------------------------------------------------------------------------------------
+# What this machine holds (no torch: the driver's tool and the kernel's counters)
+# --------------------------------------------------------------------------------------------
+
+
+def gpu_memory_bytes() -> int | None:
+    """Memory of the smallest visible NVIDIA GPU, from ``nvidia-smi`` (None: no tool, no answer)."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return None
+    try:
+        out = subprocess.run([tool, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        mib = [int(line.strip()) for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(mib) * 2**20 if mib else None
+
+
+def host_memory_bytes() -> int:
+    """This machine's RAM, or the container's memory limit (cgroup v2 / v1) when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total

@@ -4,6 +4,7 @@ Layout of ``run_dir``::
 
     checkpoints/step-00000009/      the state after step 9 (``checkpoint.every`` steps and the last step)
         model.safetensors, config.json, generation_config.json   the policy (``save_pretrained``)
+        adapter_model.safetensors, adapter_config.json            instead, with LoRA: the adapters (the base is frozen)
         tokenizer.json, tokenizer_config.json, ...                the tokenizer
         optimizer.pt, scheduler.pt (+ scaler.pt under fp16)       state dicts (``torch.save``)
         critic.safetensors, critic_optimizer.pt                   PPO's critic and its optimiser
@@ -11,6 +12,8 @@ Layout of ``run_dir``::
         trainer_state.json                                        step, tokens_seen, num_tokens, world_size,
                                                                   entropy_control (coef, last_entropy): written last
     final/                          the finished policy + tokenizer: ``AutoModelForCausalLM.from_pretrained(final)``
+                                    (LoRA: the merged weights W + B A alpha / r, a plain model without PEFT)
+    final_adapter/                  LoRA only: the adapters alone, ``PeftModel.from_pretrained(base, final_adapter)``
 
 Atomic: a checkpoint is written into a hidden ``.tmp-step-N`` folder and renamed to ``step-N`` by
 rank 0 once every rank has written its RNG states (a barrier), so a crash leaves a complete
@@ -46,6 +49,8 @@ from typing import Any
 
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
+FINAL_ADAPTER_DIR = "final_adapter"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -155,7 +160,7 @@ def _save_model_files(trainer, out: Path) -> None:
     from safetensors.torch import save_model
 
     acc = trainer.accelerator
-    acc.unwrap_model(trainer.policy).save_pretrained(out, safe_serialization=True)
+    acc.unwrap_model(trainer.policy).save_pretrained(out, safe_serialization=True)  # LoRA: the adapters
     trainer.tokenizer.save_pretrained(out)
     torch.save(trainer.optimizer.state_dict(), out / OPTIMIZER_FILE)
     torch.save(trainer.scheduler.state_dict(), out / SCHEDULER_FILE)
@@ -208,30 +213,70 @@ def save_if_due(trainer, step: int) -> Path | None:
     return save_checkpoint(trainer, step)
 
 
+def _replace_dir(target: Path, write) -> None:
+    """``write(tmp)`` into a hidden sibling, then rename it over ``target`` (a crash leaves the old or the new)."""
+    tmp = target.with_name(_TMP_PREFIX + target.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
 def save_final(trainer) -> Path:
     """The finished policy and tokenizer as a plain HF directory ``run_dir/final`` (rank 0 writes;
-    atomic like a checkpoint)."""
+    atomic like a checkpoint). A LoRA policy: ``final`` holds the merged weights and
+    ``final_adapter`` (written first) the adapters alone."""
+    from workbench.engine.models import is_lora, save_merged
+
     acc = trainer.accelerator
     final = Path(trainer.run_dir) / FINAL_DIR
     if acc.is_main_process:
-        tmp = final.with_name(_TMP_PREFIX + FINAL_DIR)
-        shutil.rmtree(tmp, ignore_errors=True)
-        acc.unwrap_model(trainer.policy).save_pretrained(tmp, safe_serialization=True)
-        trainer.tokenizer.save_pretrained(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        model = acc.unwrap_model(trainer.policy)
+
+        def write_final(tmp: Path) -> None:
+            if is_lora(model):
+                save_merged(model, tmp)
+            else:
+                model.save_pretrained(tmp, safe_serialization=True)
+            trainer.tokenizer.save_pretrained(tmp)
+
+        if is_lora(model):
+            _replace_dir(final.with_name(FINAL_ADAPTER_DIR), lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+        _replace_dir(final, write_final)
     acc.wait_for_everyone()
     return final
 
 
 # -- load ------------------------------------------------------------------------------------------
+def _load_adapter_weights(model, path: Path) -> None:
+    """Load a LoRA checkpoint's ``adapter_model.safetensors`` into ``model`` (PEFT's own loader);
+    every adapter tensor of the model must be in the file."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from workbench.engine.models import adapter_state_dict
+
+    file = path / ADAPTER_WEIGHTS
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {path} holds no {ADAPTER_WEIGHTS} (it is not a LoRA run's)")
+    state = load_file(file)
+    result = set_peft_model_state_dict(model, state)
+    if result.unexpected_keys or len(state) != len(adapter_state_dict(model)):
+        raise CheckpointError(f"checkpoint {path} does not fit this run's adapters: {len(state)} tensors for "
+                              f"{len(adapter_state_dict(model))}, unexpected {list(result.unexpected_keys)[:5]}")
+
+
 def _load_policy_weights(model, path: Path) -> None:
     """Load ``model*.safetensors`` of ``path`` into ``model`` (read on the CPU; load_state_dict copies
     onto the parameters' device). save_pretrained leaves out tied weights (lm_head = embeddings):
-    every key it left out must share its tensor with a loaded one."""
+    every key it left out must share its tensor with a loaded one. A LoRA model: its adapters."""
     from safetensors.torch import load_file
 
+    from workbench.engine.models import is_lora
+
+    if is_lora(model):
+        return _load_adapter_weights(model, path)
     state: dict = {}
     for file in sorted(path.glob("model*.safetensors")):
         state.update(load_file(file))

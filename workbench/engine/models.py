@@ -185,3 +185,113 @@ def load_policy(name_or_path: str, *, dtype: Any = None, device: Any = "cpu", ho
     if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA (PEFT)
+# --------------------------------------------------------------------------------------------
+
+#: PEFT's adapter name (one adapter per policy).
+ADAPTER = "default"
+
+
+def apply_lora(model, lora) -> Any:
+    """``model`` wrapped by PEFT ``get_peft_model`` with the recipe's ``lora`` section: the base
+    weights frozen (requires_grad False), adapters A (in -> r, Kaiming) and B (r -> out, zeros) on
+    ``lora.target_modules``, so the wrapped model starts out computing exactly the base's function."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # target modules the model lacks: PEFT's message names them
+        raise ValueError(f"lora.target_modules={lora.target_modules!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def is_lora(model) -> bool:
+    """``model`` is a PEFT model (LoRA adapters on a frozen base)."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def trainable_parameters(model) -> list:
+    """The parameters the optimiser updates: all of a plain model, the adapters of a LoRA one."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class AdapterDisabledReference:
+    """The reference policy of a LoRA run: the policy's own base, its adapters disabled for the
+    call (PEFT ``disable_adapter``), as TRL computes ``ref_per_token_logps`` with a PEFT model.
+    No second copy of the weights exists; called like a model (``reference(input_ids=...)``)."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy  # the unwrapped PeftModel (no DDP: reference passes need no gradient sync)
+
+    def __call__(self, **inputs):
+        with self.policy.disable_adapter():
+            return self.policy(**inputs)
+
+
+def merged_state_dict(model) -> dict[str, Any]:
+    """A LoRA model's weights as the plain base model's state dict (base names), each adapted
+    linear layer merged: W' = W + (B @ A) * alpha / r (PEFT's ``get_delta_weight``), computed
+    out of place, so the trained model is untouched (an in-place merge and unmerge would leave
+    rounding in W). A plain model: its own state dict. What vLLM and ``final/`` receive."""
+    if not is_lora(model):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    merged = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        merged[name.replace(".base_layer.", ".")] = tensor
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A and not module.merged:
+            weight = module.get_base_layer().weight
+            merged[f"{name}.weight"] = (weight + module.get_delta_weight(ADAPTER).to(weight.dtype)).detach()
+    return merged
+
+
+def adapter_state_dict(model) -> dict[str, Any]:
+    """The adapter tensors of a LoRA model under its own state-dict names (what changes while it trains)."""
+    return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+def save_merged(model, out_dir: Path) -> None:
+    """A LoRA model saved as the plain HF model it computes (merged weights, the base config):
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads it without PEFT."""
+    base = model.get_base_model()
+    base.save_pretrained(out_dir, state_dict=merged_state_dict(model), safe_serialization=True)
+
+
+def policy_state(model) -> dict[str, Any]:
+    """What changes as ``model`` trains, copied to the CPU: its adapters (LoRA) or its state dict."""
+    state = adapter_state_dict(model) if is_lora(model) else model.state_dict()
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def load_policy_state(model, state: dict[str, Any]) -> None:
+    """Load a :func:`policy_state` into a model of the same structure (LoRA: adapters only)."""
+    _, unexpected = model.load_state_dict(state, strict=not is_lora(model))
+    if unexpected:
+        raise ValueError(f"policy state does not fit the model: unexpected {list(unexpected)[:5]}")
+
+
+def prepare_policy(model, lora, gradient_checkpointing: bool):
+    """The policy as a recipe trains it: gradient checkpointing (use_reentrant=False, as TRL:
+    the non-reentrant checkpoint needs no input that requires grad, so frozen embeddings under
+    LoRA need no enable_input_require_grads), then LoRA adapters when ``lora.r > 0``.
+
+    Mode: transformers checkpoints only in training mode and dropout acts only there, so the
+    policy is put in training mode when either is asked for, else kept in eval mode (the
+    trainer's passes are then deterministic; generation always runs in eval mode)."""
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora.enabled:
+        model = apply_lora(model, lora)
+    model.train(gradient_checkpointing or (lora.enabled and lora.dropout > 0))
+    return model

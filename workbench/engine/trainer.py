@@ -66,7 +66,8 @@ from workbench.engine.lens import SameBatchLens
 from workbench.engine.rewards import RewardFunctionError, RewardLogs, compute_rewards, load_reward_function, reward_weights_for
 from workbench.engine.rollout import ROLLOUT_BACKENDS, concat_rollouts, select_rows, valid_token_lists
 from workbench.engine.evaluation import Evaluator, eval_due
-from workbench.engine.models import load_policy, resolve_model
+from workbench.engine.models import (AdapterDisabledReference, apply_lora, load_policy, load_policy_state, policy_state,
+                                     prepare_policy, resolve_model, trainable_parameters)
 from workbench.engine.tasks import load_dataset_rows, resolve_task
 from workbench.recipe import Recipe
 
@@ -241,12 +242,15 @@ class Trainer:
         self.rows, eval_rows = load_splits(r)
         self.reward_funcs, self.reward_weights = reward_setup(r)
         policy, self.tokenizer = load_policy(r.model, device=acc.device)
+        policy = prepare_policy(policy, r.lora, r.train.gradient_checkpointing)  # LoRA adapters, checkpointing
         self.reference = None
-        if r.algorithm.uses_reference:  # no KL term -> no reference model in memory
+        if r.algorithm.uses_reference and r.lora.enabled:  # the base itself, adapters disabled: no copy
+            self.reference = AdapterDisabledReference(policy)
+        elif r.algorithm.uses_reference:  # no KL term -> no reference model in memory
             self.reference, _ = load_policy(r.model, device=acc.device)
             self.reference.eval().requires_grad_(False)
         total_updates = r.train.steps * r.train.mu * r.train.minibatches
-        opt = torch.optim.AdamW(policy.parameters(), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
+        opt = torch.optim.AdamW(trainable_parameters(policy), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
         # One scheduler step per optimiser update on every rank. Not passed to acc.prepare: its
         # AcceleratedScheduler steps num_processes times per call (it assumes each rank's
         # dataloader batch is a slice of a num_processes-times larger one), which would run
@@ -262,10 +266,12 @@ class Trainer:
         self.critic = None
         if r.algorithm.critic:
             critic = ValueModel(acc.unwrap_model(self.policy)).to(acc.device)
-            copt = torch.optim.AdamW(critic.parameters(), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
+            copt = torch.optim.AdamW(trainable_parameters(critic), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
             self.critic, self.critic_optimizer = acc.prepare(critic, copt)
         if r.train.staleness:
             self.behaviour, _ = load_policy(r.model, device=acc.device)
+            if r.lora.enabled:  # the same frozen base; the snapshots hold the adapters only
+                self.behaviour = apply_lora(self.behaviour, r.lora)
             self.behaviour.eval().requires_grad_(False)
             self.snapshot_weights()
         if r.logging.log_with:
@@ -276,8 +282,7 @@ class Trainer:
         """Keep a CPU copy of the policy's weights (after each update, train.staleness > 0): the
         deque holds the last k + 1, so its oldest is the policy of k updates ago."""
         if self.behaviour is not None:
-            state = self.accelerator.unwrap_model(self.policy).state_dict()
-            self.snapshots.append({k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+            self.snapshots.append(policy_state(self.accelerator.unwrap_model(self.policy)))
 
     def generation_model(self):
         """The policy that samples: the current one, or with train.staleness = k the one of k
@@ -285,7 +290,7 @@ class Trainer:
         resumed run starts its deque afresh from the resumed weights)."""
         if self.behaviour is None:
             return self.accelerator.unwrap_model(self.policy)
-        self.behaviour.load_state_dict(self.snapshots[0])
+        load_policy_state(self.behaviour, self.snapshots[0])
         return self.behaviour
 
     # -- one step -----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ How it is wired (DESIGN, "Facts measured"):
 - One ``vllm.LLM`` per training process, built from the same model directory as the policy, in
   the trainer's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), eager mode, a small KV cache
   on CPU (``VLLM_CPU_KVCACHE_SPACE=1`` GiB unless the user set it).
-- Before every generation the policy's current weights are copied into the engine in place,
+- Before every generation the policy's current weights (a LoRA policy's merged weights) are copied into the engine in place,
   ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": [(name, tensor), ...]})``,
   and the prefix cache is dropped (cached KV blocks were computed with the old weights). The
   trainer generates once per step, after the previous step's last optimiser update, so the
@@ -37,8 +37,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from workbench.engine.models import merged_state_dict
 from workbench.engine.prompts import Prompt
 from workbench.engine.rollout import Rollout, completion_mask_from_ids, encode_batch, model_stop_ids, valid_token_lists
+from workbench.model_facts import VLLM_CPU_KVCACHE_GIB, VLLM_GPU_MEMORY_UTILIZATION
 
 #: recipe ``train.precision`` -> the dtype vLLM computes in (the policy itself stays fp32 under
 #: accelerate's mixed precision; the engine samples in the precision the forward passes use).
@@ -47,13 +49,14 @@ VLLM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 #: Environment set before vLLM is imported, unless the user already chose a value.
 VLLM_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process: weights are synced by reference, no IPC
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (default would take most of the RAM)
+    "VLLM_CPU_KVCACHE_SPACE": str(VLLM_CPU_KVCACHE_GIB),  # GiB of KV cache on CPU (default would take most of the RAM)
     "VLLM_LOGGING_LEVEL": "WARNING",  # its per-request INFO lines would drown the run's own output
     "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # stdout may carry the run's event stream
 }
 
-#: Fraction of accelerator memory the colocated engine may take (the rest is the trainer's).
-GPU_MEMORY_UTILIZATION = 0.3
+#: Fraction of accelerator memory the colocated engine may take (the rest is the trainer's; the
+#: recipe's memory check counts it, so the number lives with the model facts).
+GPU_MEMORY_UTILIZATION = VLLM_GPU_MEMORY_UTILIZATION
 
 #: vLLM seeds are 64-bit; keep every per-completion seed in a safe positive range.
 _SEED_MODULUS = 2**31 - 1
@@ -141,8 +144,10 @@ class VLLMRollout:
     # -- weights ------------------------------------------------------------------------------
     @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s parameters (HF names, any dtype / device) into the engine in place."""
-        weights = [(name, tensor.detach().to(self.dtype)) for name, tensor in model.state_dict().items()]
+        """Copy ``model``'s parameters (HF names, any dtype / device) into the engine in place; a
+        LoRA policy's merged weights W + B A alpha / r under the base model's names (the engine
+        was built from the base directory and knows nothing of adapters)."""
+        weights = [(name, tensor.detach().to(self.dtype)) for name, tensor in merged_state_dict(model).items()]
         with preserved_process_state():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             self.llm.reset_prefix_cache()
