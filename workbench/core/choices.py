@@ -127,3 +127,5 @@ class PolicyLossConfig:
 #: On-policy distillation (core.distillation): shaped = slime OPD, the teacher term added to the
 #: estimator's advantage; only = pure distillation (Thinking Machines), the reward advantage dropped.
 DISTILL_MODES = ("shaped", "only")
+#: Names registered in core.distillation.ADVANTAGE_SHAPINGS (torch-free mirror for the navigation).
+SHAPING_NAMES = ("opd",)
