@@ -12,7 +12,7 @@ from workbench.core import ADVANTAGE_ESTIMATORS, AdvantageConfig, PolicyLossConf
 from workbench.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe, preset_names
 
 EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo",
-                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax", "dppo"}
+                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax", "dppo", "opd"}
 
 # The arXiv id of each preset's paper, which its header comment must name.
 PAPERS = {
@@ -33,6 +33,7 @@ PAPERS = {
     "grpo_passk": "2503.19595",
     "remax": "2310.10505",
     "dppo": "2602.04879",
+    "opd": "2306.13649",  # GKD (Agarwal et al.); the Thinking Machines post has no arXiv id
 }
 
 # The settings that define each algorithm (dotted paths into the recipe).
@@ -165,6 +166,15 @@ DEFINING = {
         "algorithm.kl_cov_coef": 1.0,
         "algorithm.aggregation": "token-mean",
         "algorithm.kl_coef": 0.0,
+    },
+    "opd": {
+        "teacher.model": "tiny-teacher",
+        "teacher.kl_coef": 0.1,
+        "teacher.kl_discount": 0.0,
+        "teacher.mode": "shaped",
+        "algorithm.advantage": "grpo",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 1,
     },
     "remax": {
         "algorithm.advantage": "remax",

@@ -3,7 +3,7 @@
     train RECIPE [--set key=value ...] [--run-dir DIR] [--stdout-events]
     train --resume RUN_DIR [--stdout-events]   (continue a run from its newest checkpoint)
     recipes list | recipes show NAME
-    model build tiny
+    model build tiny | tiny-teacher
     launch / runs / collect   (workbench/runs/cli.py)
     export                    (workbench/export/cli.py)
 
@@ -51,6 +51,9 @@ def _cmd_train(args) -> int:
         recipe = load_recipe(args.recipe, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_fits_machine(recipe)  # threads vs this machine's CPUs, before any output is written
+    from workbench.engine.distill import check_teacher  # tokenizers only: a teacher must share the student's
+
+    check_teacher(recipe)
     from workbench.engine.trainer import train  # heavy imports only when training
 
     status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(),
@@ -71,9 +74,10 @@ def _cmd_recipes(args) -> int:
 
 
 def _cmd_model(args) -> int:
+    from workbench.engine.distill import ensure_tiny_teacher
     from workbench.engine.tiny import ensure_tiny_model
 
-    print(ensure_tiny_model())
+    print({"tiny": ensure_tiny_model, "tiny-teacher": ensure_tiny_teacher}[args.name]())
     return 0
 
 
@@ -92,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("action", choices=["list", "show"])
     r.add_argument("name", nargs="?")
     r.set_defaults(func=_cmd_recipes)
-    m = sub.add_parser("model", help="build the built-in model")
+    m = sub.add_parser("model", help="build a built-in model (tiny-teacher: tiny trained by the grpo preset, the opd preset's teacher)")
     m.add_argument("action", choices=["build"])
-    m.add_argument("name", choices=["tiny"])
+    m.add_argument("name", choices=["tiny", "tiny-teacher"])
     m.set_defaults(func=_cmd_model)
     from workbench.export.cli import add_export_parser
     from workbench.runs.cli import add_run_parsers

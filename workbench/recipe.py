@@ -24,6 +24,7 @@ from workbench.core.choices import (
     BASELINE_ESTIMATORS,
     CISPO_BOUNDS,
     CRITIC_ESTIMATORS,
+    DISTILL_MODES,
     GROUP_ESTIMATORS,
     GPG_ALPHAS,
     GRPO_SCALES,
@@ -38,12 +39,14 @@ from workbench.core.choices import (
     PolicyLossConfig,
 )
 from workbench.core.registry import check_choice
+from workbench.home import confined_path, workbench_home
 from workbench.model_facts import (ASSUMED_PROMPT_TOKENS, TINY_MAX_POSITIONS, TINY_MODEL, VLLM_CPU_KVCACHE_GIB,
-                                   VLLM_GPU_MEMORY_UTILIZATION, TrainingFootprint, format_bytes, gpu_memory_bytes,
-                                   host_memory_bytes, model_facts, training_footprint)
+                                   VLLM_GPU_MEMORY_UTILIZATION, TrainingFootprint, builtin_model_names, format_bytes,
+                                   gpu_memory_bytes, host_memory_bytes, model_facts, training_footprint)
 
 if TYPE_CHECKING:
     from workbench.core.advantages import AdvantageConfig
+    from workbench.core.distillation import DistillationConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -385,6 +388,59 @@ class Eval(_Section):
         return self.every > 0
 
 
+#: Built-in teachers for on-policy distillation: the built-in tiny model trained longer (by
+#: engine/distill.py, on first use, cached under <workbench home>/models).
+TINY_TEACHER = "tiny-teacher"
+BUILTIN_TEACHERS = (TINY_TEACHER,)
+
+
+def teacher_reference(value: str) -> str:
+    """A teacher model reference, checked: a built-in name (tiny-teacher, tiny, smollm2-135m), a
+    path inside the workbench home (relative to it, or absolute; e.g. a run's ``runs/<id>/final``;
+    returned resolved), or a hub id ('org/name', passed on). A path outside the home or missing
+    raises ValueError naming teacher.model."""
+    text = value.strip()
+    if not text:
+        raise ValueError("teacher.model='' is empty: name a model (e.g. tiny-teacher) or null for no teacher")
+    if text in BUILTIN_TEACHERS or text in builtin_model_names():
+        return text
+    home = workbench_home()
+    if text.startswith(("/", "~", ".")) or text.endswith(".gguf") or (home / text).exists():
+        path = confined_path(Path(text).expanduser(), field="teacher.model")
+        if not path.exists():
+            raise ValueError(f"teacher.model={text!r}: no such file or directory in the workbench home {str(home)!r}")
+        return str(path)
+    return text
+
+
+class Teacher(_Section):
+    """On-policy distillation (slime OPD; Thinking Machines' "On-Policy Distillation", Lu et al. 2025): the student's advantage is shaped by the per-token reverse KL to a teacher, A' = A - kl_coef * (log pi_theta - log pi_T), with any estimator."""
+
+    model: str | None = None
+    """Teacher model (None = no distillation): tiny-teacher (the built-in tiny model trained longer by the grpo preset, built on first use), a run's final/ directory or another model directory inside the workbench home, or a hub id. It must share the student's tokenizer (checked before training)."""
+    kl_coef: float = Field(1.0, ge=0)
+    """lambda: weight of the teacher's reverse KL in the advantage (slime --opd-kl-coef, tinker kl_penalty_coef; both 1.0). In nats per token, added after the estimator (and its whitening)."""
+    kl_discount: float = Field(0.0, ge=0, le=1)
+    """gamma of the KL's discounted future sum, D_t = sum_{k>=t} gamma^(k-t) d_k (tinker kl_discount_factor). 0 = per token (slime, and tinker's default)."""
+    mode: Literal[DISTILL_MODES] = "shaped"
+    """shaped: A' = A - lambda D (slime OPD: the reward still trains); only: A' = -lambda D, pure distillation (Thinking Machines; the reward is logged, not trained on)."""
+
+    @field_validator("model")
+    @classmethod
+    def _model_reference(cls, value: str | None) -> str | None:
+        return None if value is None else teacher_reference(value)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.model is not None and self.mode == "only" and self.kl_coef == 0:
+            raise ValueError("teacher.mode='only' with teacher.kl_coef=0 leaves no learning signal: set kl_coef > 0 or mode='shaped'")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.model is not None
+
+
 class Recipe(_Section):
     """A whole run. ``name`` identifies the preset or run."""
 
@@ -412,6 +468,7 @@ class Recipe(_Section):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     eval: Eval = Field(default_factory=Eval)
     lora: Lora = Field(default_factory=Lora)
+    teacher: Teacher = Field(default_factory=Teacher)
 
     @model_validator(mode="before")
     @classmethod
@@ -431,6 +488,12 @@ class Recipe(_Section):
         if "lora" in spec:
             data["lora"] = spec["lora"]
         return data
+
+    @field_validator("teacher", mode="before")
+    @classmethod
+    def _teacher_shorthand(cls, value: Any) -> Any:
+        """``teacher: tiny-teacher`` is ``teacher: {model: tiny-teacher}`` (the other fields at their defaults)."""
+        return {"model": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _cross(self):
@@ -474,6 +537,12 @@ class Recipe(_Section):
             whiten=a.whiten_advantages,
             gpg_alpha=a.gpg_alpha,
         )
+
+    def distillation_config(self) -> "DistillationConfig":
+        from workbench.core.distillation import DistillationConfig  # torch: only the engine and the labs call this
+
+        t = self.teacher
+        return DistillationConfig(coef=t.kl_coef, discount=t.kl_discount, mode=t.mode)
 
     def policy_loss_config(self) -> PolicyLossConfig:
         return PolicyLossConfig(**self.algorithm.policy_loss_kwargs())

@@ -340,8 +340,11 @@ def test_every_registered_name_has_a_walkthrough_page():
     from workbench.ui.labs.estimators import component_pages
     from workbench.ui.labs.explanations import page_url
 
-    nav = [u for _, _, u in LAB_PAGES if u.startswith(("walkthrough-adv-", "walkthrough-loss-"))]
-    expected = [page_url("advantage", n) for n in ADVANTAGE_ESTIMATORS] + [page_url("policy_loss", n) for n in POLICY_LOSSES]
+    from workbench.core import ADVANTAGE_SHAPINGS
+
+    nav = [u for _, _, u in LAB_PAGES if u.startswith(("walkthrough-adv-", "walkthrough-loss-", "walkthrough-shaping-"))]
+    expected = ([page_url("advantage", n) for n in ADVANTAGE_ESTIMATORS] + [page_url("policy_loss", n) for n in POLICY_LOSSES]
+                + [page_url("shaping", n) for n in ADVANTAGE_SHAPINGS])
     assert nav == expected == [u for _, _, u in component_pages()]
     assert "walkthrough-loss-sapo" in nav and "walkthrough-adv-grpo-passk" in nav
 
@@ -503,3 +506,12 @@ def test_knobs_table_shows_the_values_the_example_starts_from():
     rows = {r["knob"]: r for r in knobs_table("advantage", e)}
     assert rows["group_size"]["value"] == "8" == str(load_recipe("grpo").sampling.num_generations)
     assert all(r["value"] == str(getattr(knob_start("advantage", e), k)) for k, r in rows.items())
+
+
+def test_opd_walkthrough_example_is_the_core_shaping(home):
+    """The distillation page's worked example: A' = A - lambda (log pi_theta - log pi_T), lambda from the opd preset (0.1)."""
+    at = component("walkthrough-shaping-opd").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    table = next(d.value for d in at.dataframe if "A'_t" in d.value.columns)
+    # defaults: A = 1; d = [-0.1, -1.8, 2.9, 0] -> A' = 1 - 0.1 d
+    assert table["A'_t"].tolist() == pytest.approx([1.01, 1.18, 0.71, 1.0])

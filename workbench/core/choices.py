@@ -126,3 +126,9 @@ class PolicyLossConfig:
             raise ValueError(f"clip_cov_lb={self.clip_cov_lb} must be less than clip_cov_ub={self.clip_cov_ub}")
         if self.kl_cov_coef < 0:
             raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
+
+#: On-policy distillation (core.distillation): shaped = slime OPD, the teacher term added to the
+#: estimator's advantage; only = pure distillation (Thinking Machines), the reward advantage dropped.
+DISTILL_MODES = ("shaped", "only")
+#: Names registered in core.distillation.ADVANTAGE_SHAPINGS (torch-free mirror for the navigation).
+SHAPING_NAMES = ("opd",)

@@ -59,6 +59,7 @@ from workbench.core import (
 from workbench.core.choices import BASELINE_ESTIMATORS
 from workbench.core.entropy_control import EntropyControl, EntropyControlState, applied_entropy_coef, update_entropy_control
 from workbench.core.masks import off_policy_sequence_mask
+from workbench.core.distillation import distillation_metrics, shape_advantages
 from workbench.engine import checkpoint
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
@@ -66,6 +67,7 @@ from workbench.engine.lens import SameBatchLens
 from workbench.engine.rewards import RewardFunctionError, RewardLogs, compute_rewards, load_reward_function, reward_weights_for
 from workbench.engine.rollout import ROLLOUT_BACKENDS, concat_rollouts, select_rows, valid_token_lists
 from workbench.engine.evaluation import Evaluator, eval_due
+from workbench.engine.distill import load_teacher
 from workbench.engine.models import (AdapterDisabledReference, apply_lora, load_policy, load_policy_state, policy_state,
                                      prepare_policy, resolve_model, trainable_parameters)
 from workbench.engine.tasks import load_dataset_rows, resolve_task
@@ -249,6 +251,9 @@ class Trainer:
         elif r.algorithm.uses_reference:  # no KL term -> no reference model in memory
             self.reference, _ = load_policy(r.model, device=acc.device)
             self.reference.eval().requires_grad_(False)
+        # on-policy distillation: loaded once, after its tokenizer is checked against the student's
+        self.teacher = load_teacher(r, self.tokenizer, device=acc.device) if r.teacher.enabled else None
+        self.distill_metrics: dict[str, float] = {}
         total_updates = r.train.steps * r.train.mu * r.train.minibatches
         opt = torch.optim.AdamW(trainable_parameters(policy), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
         # One scheduler step per optimiser update on every rank. Not passed to acc.prepare: its
@@ -411,7 +416,7 @@ class Trainer:
         if correct and out.rollout_logp is None:
             raise ValueError(f"algorithm.rollout_correction={a.rollout_correction!r} needs the rollout engine's log-probs, "
                              f"and rollout backend {r.train.rollout!r} gave none")
-        needs_old = not r.train.single_pass or self.reference is not None or correct
+        needs_old = not r.train.single_pass or self.reference is not None or correct or self.teacher is not None
         old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0] if needs_old else None
         ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
@@ -424,6 +429,8 @@ class Trainer:
         g_baselines = acc.gather(baselines) if baselines is not None else None
         adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values,
                                  baselines=g_baselines)
+        if self.teacher is not None:
+            adv = adv._replace(advantages=self.distill(out, old_logp, g_mask, adv.advantages))  # returns (critic targets) stay
         B = mask.shape[0]
         mine = slice(self.rank * B, (self.rank + 1) * B)
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
@@ -436,6 +443,17 @@ class Trainer:
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
                           out.rollout_logp if a.off_policy_mask_threshold is not None else None)
         return batch, (g_rewards, g_mask, g_kl, adv.advantages)
+
+    def distill(self, out, old_logp: torch.Tensor, g_mask: torch.Tensor, g_adv: torch.Tensor) -> torch.Tensor:
+        """On-policy distillation (core.distillation, slime OPD): the global batch's advantages shaped
+        by the reverse KL of the student's log-probs (the trainer's, as slime) to the teacher's on
+        the same completions, both at the sampling temperature (slime scores the teacher at the
+        rollout temperature; tinker at 1, the same at temperature 1). Sets ``distill/*`` metrics."""
+        r, acc = self.recipe, self.accelerator
+        teacher_logp = logprobs_and_entropy(self.teacher, out, r.sampling.temperature, False)[0]
+        g_student, g_teacher = acc.gather(old_logp), acc.gather(teacher_logp)
+        self.distill_metrics = {k: float(v) for k, v in distillation_metrics(g_student, g_teacher, g_mask).items()}
+        return shape_advantages("opd", g_adv, g_student, g_teacher, g_mask, r.distillation_config())
 
     def _global_counts(self, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num_tokens, num_seqs) of these rows summed over ranks (core.batch_normalizers):
@@ -647,6 +665,7 @@ class Trainer:
         metrics.update({k: float(v) for k, v in reward_metrics(g_rewards.cpu(), r.sampling.num_generations).items()})
         metrics.update(sampled)
         metrics.update(self._reward_logged_metrics())
+        metrics.update(self.distill_metrics)
         for name, values in per_fn.items():
             g = acc.gather(values.to(acc.device)).cpu()
             metrics.update({k: float(v) for k, v in reward_function_metrics(name, g).items()})

@@ -25,7 +25,7 @@ from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
 
 SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
-            "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation"}
+            "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation", "teacher": "Distillation"}
 NO_TASK = "(none: use the dataset)"
 KEY_PREFIX = "rf:"
 _MODEL_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")

@@ -272,3 +272,21 @@ def policy_loss_example(name: str, log_ratios: Sequence[Sequence[float]], advant
         "loss": loss.detach()[rows, cols].tolist(), "-d loss / d log pi": grad[rows, cols].tolist(),
     })
     return table, {k: float(v) for k, v in diag.metrics.items()}
+
+
+def shaping_example(name: str, advantages: Sequence[float], student_logp: Sequence[float], teacher_logp: Sequence[float],
+                    cfg) -> pd.DataFrame:
+    """One completion's tokens: the estimator's A_t, both log-probs, d_t and the shaped A'_t, computed
+    by the registered shaping (core.distillation.shape_advantages). ValueError for lengths that differ."""
+    from workbench.core import shape_advantages
+
+    n = len(advantages)
+    if not (len(student_logp) == len(teacher_logp) == n):
+        raise ValueError(f"advantages, student and teacher log-probs have {n}, {len(student_logp)}, {len(teacher_logp)} "
+                         "entries: give one per token")
+    if any(v > 0 for v in (*student_logp, *teacher_logp)):
+        raise ValueError("log-probs must be <= 0 (log of a probability)")
+    a, s, t = (torch.tensor([list(v)], dtype=torch.float64) for v in (advantages, student_logp, teacher_logp))
+    shaped = shape_advantages(name, a, s, t, torch.ones_like(a), cfg)
+    return pd.DataFrame({"token": list(range(n)), "A_t": a[0].tolist(), "log pi_theta": s[0].tolist(),
+                         "log pi_T": t[0].tolist(), "d_t": (s - t)[0].tolist(), "A'_t": shaped[0].tolist()})

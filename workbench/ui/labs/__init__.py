@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from workbench.core.choices import ADVANTAGE_NAMES, POLICY_LOSS_NAMES
+from workbench.core.choices import ADVANTAGE_NAMES, POLICY_LOSS_NAMES, SHAPING_NAMES
 from workbench.ui.labs.explanations import page_title, page_url
 
 # Estimator walkthroughs: key -> title, in page order. ui/labs/estimators.py's WALKTHROUGHS holds
@@ -33,7 +33,8 @@ def _lazy(module: str, function: str = "render", *args: str) -> Callable[[], Non
 # One walkthrough per registered advantage estimator and policy loss, from the torch-free mirror
 # of the registries (core/choices.py; tests/test_recipe.py checks it equals the registries), all
 # rendered by the one template estimators.render_component.
-REGISTERED_NAMES: dict[str, tuple[str, ...]] = {"advantage": ADVANTAGE_NAMES, "policy_loss": POLICY_LOSS_NAMES}
+REGISTERED_NAMES: dict[str, tuple[str, ...]] = {"advantage": ADVANTAGE_NAMES, "policy_loss": POLICY_LOSS_NAMES,
+                                                "shaping": SHAPING_NAMES}
 
 LAB_PAGES: list[tuple[Callable[[], None], str, str]] = [
     (_lazy("ppo_regions"), "PPO clip regions", "lab-ppo-regions"),

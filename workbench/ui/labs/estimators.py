@@ -34,8 +34,9 @@ from workbench.core import (
     advantages as core_adv,
     policy_losses as core_pl,
 )
-from workbench.core.choices import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS
-from workbench.recipe import Algorithm, Sampling, load_recipe
+from workbench.core.choices import CISPO_BOUNDS, DISTILL_MODES, GSPO_VARIANTS, REINFORCE_FORMS
+from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig
+from workbench.recipe import Algorithm, Sampling, Teacher, load_recipe
 from workbench.ui.labs._shared import launch_button
 from workbench.ui.labs.explanations import EXPLANATIONS, Explanation, page_title, page_url
 from workbench.viz import lab_estimators as viz
@@ -238,10 +239,14 @@ PAGES: list[tuple[Callable[[], None], str, str]] = [(_page(k), f"Walkthrough: {w
 # one walkthrough per registry name
 
 REGISTRIES: dict[str, tuple[Any, type]] = {"advantage": (ADVANTAGE_ESTIMATORS, AdvantageConfig),
-                                           "policy_loss": (POLICY_LOSSES, PolicyLossConfig)}
+                                           "policy_loss": (POLICY_LOSSES, PolicyLossConfig),
+                                           "shaping": (ADVANTAGE_SHAPINGS, DistillationConfig)}
 # string knobs and their allowed values (selectboxes)
 KNOB_CHOICES: dict[str, tuple[str, ...]] = {"scale": GRPO_SCALES, "gpg_alpha": GPG_ALPHAS, "gspo_variant": GSPO_VARIANTS,
-                                            "cispo_bounds": CISPO_BOUNDS, "reinforce_form": REINFORCE_FORMS}
+                                            "cispo_bounds": CISPO_BOUNDS, "reinforce_form": REINFORCE_FORMS,
+                                            "mode": DISTILL_MODES}
+# DistillationConfig field -> the recipe key that sets it
+SHAPING_RECIPE_KEYS: dict[str, str] = {"coef": "teacher.kl_coef", "discount": "teacher.kl_discount", "mode": "teacher.mode"}
 # AdvantageConfig field -> the recipe key that sets it (PolicyLossConfig fields are algorithm.<same name>)
 ADVANTAGE_RECIPE_KEYS: dict[str, str] = {"group_size": "sampling.num_generations", "scale": "algorithm.grpo_scale",
                                          "eps": "algorithm.adv_eps", "gamma": "algorithm.gamma", "lam": "algorithm.lam",
@@ -253,13 +258,15 @@ EXAMPLE_FIXED = frozenset({"group_size", "kl_coef"})
 
 
 def recipe_key(family: str, knob: str) -> str:
+    if family == "shaping":
+        return SHAPING_RECIPE_KEYS[knob]
     return ADVANTAGE_RECIPE_KEYS.get(knob, f"algorithm.{knob}") if family == "advantage" else f"algorithm.{knob}"
 
 
 def knob_meaning(key: str) -> str:
     """The recipe's own description of a recipe key ('' for a key the recipe does not have)."""
     section, _, name = key.partition(".")
-    model = {"algorithm": Algorithm, "sampling": Sampling}.get(section)
+    model = {"algorithm": Algorithm, "sampling": Sampling, "teacher": Teacher}.get(section)
     info = model.model_fields.get(name) if model else None
     return (info.description or "") if info else ""
 
@@ -299,7 +306,8 @@ def knob_start(family: str, e: Explanation) -> Any:
     if e.preset is None:
         return REGISTRIES[family][1]()
     recipe = load_recipe(e.preset)
-    return recipe.advantage_config() if family == "advantage" else recipe.policy_loss_config()
+    return {"advantage": recipe.advantage_config, "policy_loss": recipe.policy_loss_config,
+            "shaping": recipe.distillation_config}[family]()
 
 
 def _knob_widgets(family: str, name: str, e: Explanation) -> dict[str, Any]:
@@ -370,14 +378,37 @@ def _policy_loss_example(name: str, e: Explanation, knobs: dict[str, Any]) -> li
     return []
 
 
+def _shaping_example(name: str, knobs: dict[str, Any]) -> list[str]:
+    """Editable advantages and log-probs of the student and the teacher -> the shaped advantage
+    per token, computed by the registered shaping. Returns recipe overrides."""
+    c1, c2, c3 = st.columns(3)
+    atext = c1.text_input("Estimator's advantage of each token", "1, 1, 1, 1", key=f"wt_{name}_adv")
+    stext = c2.text_input("Student log pi_theta(o_t)", "-0.5, -2.0, -0.1, -1.0", key=f"wt_{name}_student")
+    ttext = c3.text_input("Teacher log pi_T(o_t)", "-0.4, -0.2, -3.0, -1.0", key=f"wt_{name}_teacher")
+    table = viz.shaping_example(name, viz.parse_numbers(atext, "advantages"), viz.parse_numbers(stext, "student log-probs"),
+                                viz.parse_numbers(ttext, "teacher log-probs"), DistillationConfig(**knobs))
+    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    st.caption(f"`shape_advantages({name!r}, A, student_logp, teacher_logp, mask, {DistillationConfig(**knobs)})` "
+               "on one completion: d = student - teacher, A' the advantage the policy loss sees.")
+    return []
+
+
+EXAMPLES: dict[str, Callable[..., list[str]]] = {
+    "advantage": lambda name, e, knobs: _advantage_example(name, knobs),
+    "policy_loss": _policy_loss_example,
+    "shaping": lambda name, e, knobs: _shaping_example(name, knobs),
+}
+
+
 def _launch_component(family: str, name: str, e: Explanation, knobs: dict[str, Any], overrides: list[str]) -> None:
     st.subheader("Try it")
     if e.launch_note:
         st.caption(e.launch_note)
         return
-    axis = "advantage" if family == "advantage" else "policy_loss"
+    axis = family if family != "shaping" else "teacher"
     base = e.preset or "grpo"
-    sets = [f"algorithm.{axis}={name}", *overrides,
+    chosen = [f"algorithm.{axis}={name}"] if family != "shaping" else []  # the preset carries its teacher
+    sets = [*chosen, *overrides,
             *[f"{recipe_key(family, k)}={'null' if v is None else v}" for k, v in knobs.items()], "train.steps=20"]
     try:
         recipe = load_recipe(base, sets)
@@ -409,7 +440,7 @@ def render_component(family: str, name: str) -> None:
     st.subheader("Worked example, computed by the registered function")
     try:
         knobs = _knob_widgets(family, name, e)
-        overrides = _advantage_example(name, knobs) if family == "advantage" else _policy_loss_example(name, e, knobs)
+        overrides = EXAMPLES[family](name, e, knobs)
     except ValueError as err:  # the inputs' own checks and the configs' (they name the field)
         st.error(str(err))
         st.caption("Fix the inputs above to launch a run with them.")
