@@ -9,6 +9,7 @@ continues at step 2 in the same run: the store holds every step once, with the r
 values, and the metrics and final parameters equal an uninterrupted run's exactly (1 CPU thread).
 """
 
+import json
 import os
 import shlex
 import signal
@@ -25,7 +26,8 @@ from tests.engine.stalling_rewards import STALL_ENV
 from tests.engine.test_checkpoint import STALLING, _final_digest, _metrics_by_step
 from tests.export.slurm_cluster import cluster_env
 from tests.helpers import home_with_tiny_model, live_processes
-from tests.runs.sshd import free_port, start_sshd
+from tests.runs.sshd import free_port
+from tests.runs.test_ssh import sshd  # noqa: F401  (the fixture: a real sshd on 127.0.0.1)
 from tests.ui.conftest import page
 from workbench.engine.checkpoint import list_checkpoints
 from workbench.engine.events import read_events
@@ -57,8 +59,6 @@ def uninterrupted(tmp_path_factory, tiny_model_dir):
 
 def _stored_metrics(store: RunStore, run_id: str) -> list[tuple[int, dict]]:
     """Every metrics row of the run in the SQLite file, in step order, without the timings."""
-    import json
-
     with sqlite3.connect(store.path) as db:
         rows = db.execute("SELECT step, data FROM metrics WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
     return [(step, {k: v for k, v in json.loads(data).items() if not k.startswith("perf/") or k == "perf/tokens"})
@@ -118,13 +118,6 @@ def _cli(*args, home: Path):
 
 
 # -- SSH -----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def host(sshd, tmp_path, tiny_model_dir):
     """host(stall) -> Settings with ssh host 'testhost' = this machine over sshd, its own workbench

@@ -325,7 +325,7 @@ def follow_script(run_dir: str, offset: int, pgid: int) -> str:
 
 def checkpoints_script(run_dir: str) -> str:
     """Names of the complete checkpoints (their trainer_state.json exists) of a run dir, one a line."""
-    d = shlex.quote(run_dir)
+    d = remote_path_word(run_dir)  # "~/..." where no attempt has recorded its absolute dir yet
     return "\n".join([
         f"cd -- {d} || exit 3",
         f"for c in {CHECKPOINTS_DIR}/step-*; do [ -f \"$c/{STATE_FILE}\" ] && echo \"${{c#{CHECKPOINTS_DIR}/}}\"; done",
