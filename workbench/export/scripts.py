@@ -114,6 +114,8 @@ class SlurmOptions:
     """Fixed run directory on the shared filesystem (logs go there as stdout.log); None: chosen at run time."""
     job_name: str | None = None
     """SLURM job name (default: the recipe name), reduced to [A-Za-z0-9._-]."""
+    resume: bool = False
+    """Continue the run in ``run_dir`` from its newest checkpoint (``train --resume``); its log is appended to."""
 
     def __post_init__(self) -> None:
         _positive("nodes", self.nodes, 1)
@@ -125,6 +127,8 @@ class SlurmOptions:
             if value and not _SLURM_NAME.match(value):
                 raise ExportError(f"{field}={value!r} is not allowed; one word of letters, digits, '.', '-', '_' (or empty)")
         _single_line("python", self.python)
+        if self.resume and self.run_dir is None:
+            raise ExportError("resume=True needs the run_dir of the run to continue")
         if self.run_dir is not None and not _SBATCH_PATH.match(self.run_dir):
             raise ExportError(
                 f"run_dir={self.run_dir!r} is not allowed in an #SBATCH --output line; "
@@ -240,6 +244,8 @@ def _sbatch_header(recipe: Recipe, o: SlurmOptions) -> str:
         # The run directory must exist before submission (SLURM does not create log directories).
         # No --error: stderr joins stdout in one stdout.log, as with the local launcher.
         lines.append(f"#SBATCH --output={o.run_dir}/stdout.log")
+        if o.resume:  # keep the log of the attempts before (SLURM truncates --output by default)
+            lines.append("#SBATCH --open-mode=append")
     else:
         lines.append(f"#SBATCH --output={job}-%j.out")
         lines.append(f"#SBATCH --error={job}-%j.err")
@@ -287,7 +293,7 @@ def sbatch_script(recipe: Recipe, options: SlurmOptions = SlurmOptions()) -> str
         ShellVar("RECIPE"), ShellVar("RUN_DIR"), python=ShellVar("PYTHON"),
         num_processes=o.processes, cpu=gpus == 0, mixed_precision=MIXED_PRECISION[recipe.train.precision],
         num_machines=o.nodes, machine_rank=ShellVar("SLURM_PROCID"),
-        main_process_ip=ShellVar("MAIN_PROCESS_IP"), main_process_port=ShellVar("MAIN_PROCESS_PORT"))
+        main_process_ip=ShellVar("MAIN_PROCESS_IP"), main_process_port=ShellVar("MAIN_PROCESS_PORT"), resume=o.resume)
     # Run by each task's own shell (single-quoted below, so its variables expand there). `trap ''
     # TERM`: `scancel --signal=TERM` reaches every process of the step, and accelerate's
     # single-process launcher would die at once, ending the step (SLURM then kills what is left)

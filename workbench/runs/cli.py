@@ -158,12 +158,10 @@ def _cancel_run(store, run: dict, args) -> int:
 
 
 def _resume_run(store, run: dict, args) -> int:
-    """Queue a failed / cancelled / lost run again; it continues from its newest checkpoint."""
-    from workbench.engine.checkpoint import latest_checkpoint
+    """Start a failed / cancelled / lost run again; it continues from its newest checkpoint."""
     from workbench.runs import resume
 
-    resume(run["id"], store=store)
-    latest = latest_checkpoint(Path(run["run_dir"]))
+    latest = resume(run["id"], store=store)
     where = f"step {latest[0] + 1} (checkpoint {latest[1]})" if latest else "step 0 (no checkpoint yet)"
     print(f"{run['id']}: {store.get_run(run['id'])['status']}, continuing at {where}")
     return 0

@@ -589,11 +589,17 @@ def cancel(run_id: str, *, store: RunStore | None = None, settings: Settings | N
         threading.Thread(target=launcher.cancel, args=(run, grace_s), daemon=True).start()
 
 
-def resume(run_id: str, *, store: RunStore | None = None, settings: Settings | None = None) -> None:
+def resume(run_id: str, *, store: RunStore | None = None, settings: Settings | None = None):
     """Continue a failed, cancelled or lost run from its newest checkpoint, as the same run: same
-    id, store row and run directory; its trainer (``train --resume RUN_DIR``) appends to the same
-    event stream and its ``resume`` event replaces the rows the attempt before logged after that
-    checkpoint (``RunStore.ingest``). The run is queued again and starts when a slot is free."""
+    id, store row and run directory (on the run's own target); its trainer (``train --resume
+    RUN_DIR``) appends to the same event stream and its ``resume`` event replaces the rows the
+    attempt before logged after that checkpoint (``RunStore.ingest``). Without a checkpoint it
+    starts again at step 0. A local run is queued again and starts when a slot is free; an ssh or
+    SLURM run is started at once by its launcher (a new wrapper in the same remote directory, a new
+    job for the same run dir) and a start that fails leaves the run ``failed``, resumable again.
+
+    Returns (step, path) of the checkpoint it continues from (path on the run's machine), or None.
+    """
     store = store or RunStore()
     settings = settings or load_settings()
     store.check_writable()
@@ -601,14 +607,26 @@ def resume(run_id: str, *, store: RunStore | None = None, settings: Settings | N
     if run["status"] not in RESUMABLE_STATUSES:
         raise RunError(f"run {run_id} is {run['status']}; only {', '.join(RESUMABLE_STATUSES)} runs can be resumed")
     launcher = launcher_for(run["target"], settings)
-    if launcher.scheme != "local":
-        raise RunError(f"run {run_id} ran on {run['target']}: `runs resume` continues local runs; on that machine run "
-                       f"`python -m workbench train --resume RUN_DIR` in the run's directory")
-    if launcher.alive(run):
+    alive = launcher.alive(run)
+    if alive is None:
+        raise LaunchError(f"run {run_id}: cannot tell now whether its processes on {run['target']} have ended "
+                          "(unreachable); nothing was changed, try again later")
+    if alive:
         raise RunError(f"run {run_id} still has processes running; cancel it before resuming")
+    # previous_handle: where the attempt before ran (kept across a resume whose start failed)
+    previous = run["handle"] or run["launch"].get("previous_handle") or {}
     launch = {k: v for k, v in run["launch"].items() if k != "gpus"}  # placed again by the queue
-    store.reopen(run_id, {**launch, "resume": True})
-    _start_queued_local(store, settings)
+    checkpoint = launcher.latest_checkpoint({**run, "handle": previous})
+    store.reopen(run_id, {**launch, "resume": True, "previous_handle": previous})
+    if launcher.scheme == "local":
+        _start_queued_local(store, settings)
+        return checkpoint
+    try:
+        _claim_and_start(store, store.get_run(run_id), launcher)
+    except LaunchError as err:
+        store.set_status(run_id, "failed", error=f"resume failed: {err}")
+        raise
+    return checkpoint
 
 
 def model_outputs(run: dict) -> dict[str, Any]:

@@ -69,6 +69,10 @@ def _model_location(run: dict) -> None:
 
 
 def _resume_help(run: dict) -> str:
+    remote_dir = (run["handle"] or run["launch"].get("previous_handle") or {}).get("remote_dir")
+    if run["launcher"] == "ssh" and remote_dir:  # its checkpoints are on the host (asking costs an ssh call)
+        return (f"Continue this run on ssh host {run['host']!r} from its newest checkpoint in "
+                f"{remote_dir}/checkpoints (none there: from step 0)")
     checkpoint = wr.model_outputs(run)["checkpoint"]
     if checkpoint is None:
         return "Start this run again in the same run (no checkpoint yet: from step 0)"

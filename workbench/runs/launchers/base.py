@@ -20,7 +20,7 @@ import json
 import os
 import signal
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from workbench.core.registry import Registry
@@ -88,7 +88,11 @@ class Launcher:
         self.settings = settings
 
     def start(self, run: dict) -> dict:
-        """Start the run detached (it must outlive this process); return its handle."""
+        """Start the run detached (it must outlive this process); return its handle.
+
+        With ``run['launch']['resume']`` the run is continued in its existing run directory
+        (``train --resume``) from its newest checkpoint; ``run['launch']['previous_handle']`` is
+        the handle of the attempt before (where that attempt ran)."""
         raise NotImplementedError
 
     def alive(self, run: dict) -> bool | None:
@@ -107,6 +111,14 @@ class Launcher:
         """After the process is gone and wrote no final status: ``(status, error)`` if the launcher
         knows how it ended (exit code, scheduler state), ``(None, None)`` if it does not."""
         return None, None
+
+    def latest_checkpoint(self, run: dict) -> tuple[int, PurePath] | None:
+        """(step, path) of the run's newest complete checkpoint where its trainer writes them, or
+        None: a resume (``run['launch']['resume']``) continues at ``step + 1``, else at step 0.
+        Here: the local run dir (this machine, or a cluster's shared filesystem)."""
+        from workbench.engine.checkpoint import latest_checkpoint  # torch-free
+
+        return latest_checkpoint(Path(run["run_dir"]))
 
 
 LAUNCHERS: Registry = Registry("launcher")

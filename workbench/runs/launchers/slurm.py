@@ -5,7 +5,9 @@ filesystem: the run directory under the workbench home is where the job writes `
 and ``stdout.log``, and where this launcher reads them from (no streaming channel needed).
 
 - start: ``run_dir/job.sbatch`` = :func:`workbench.export.scripts.sbatch_script` with the
-  Settings.slurm defaults and this interpreter, then ``sbatch --parsable job.sbatch``.
+  Settings.slurm defaults and this interpreter, then ``sbatch --parsable job.sbatch``. A resume
+  submits a new job (``train --resume RUN_DIR``, log appended) for the same run and run dir; the
+  handle then holds the new job id and the earlier attempts' ids (``previous_job_ids``).
 - alive: ``squeue -h -j ID -o %T`` while the job is known to the controller, then ``sacct``.
 - cancel: ``scancel --signal=TERM`` (the trainer writes ``cancelled`` and exits), then a plain
   ``scancel`` after the grace period (SLURM's own TERM -> KILL sequence).
@@ -73,6 +75,13 @@ def _exit_code(field: str) -> int | None:
     return 128 + int(sig) if int(sig) else int(code)
 
 
+def _previous_job_ids(run: dict) -> list[str]:
+    """Job ids of the run's earlier attempts, oldest first (a resume is a new job of the same run)."""
+    launch = run.get("launch") or {}
+    previous = (launch.get("previous_handle") or {}) if launch.get("resume") else {}
+    return [*previous.get("previous_job_ids", []), *([previous["job_id"]] if previous.get("job_id") else [])]
+
+
 @LAUNCHERS.register("slurm")
 class SlurmLauncher(Launcher):
     """``sbatch`` of the exported script; the job is followed with squeue / sacct."""
@@ -85,7 +94,8 @@ class SlurmLauncher(Launcher):
         """SlurmOptions of this run: the settings' slurm section, this interpreter, the run's directory."""
         try:
             options = SlurmOptions(**self.settings.slurm.model_dump(), python=sys.executable,
-                                   run_dir=str(run["run_dir"]), job_name=str(run["id"]))
+                                   run_dir=str(run["run_dir"]), job_name=str(run["id"]),
+                                   resume=bool((run.get("launch") or {}).get("resume")))
         except ExportError as err:
             raise LaunchError(f"cannot write the sbatch script: {err}") from None
         requested = int((run.get("launch") or {}).get("num_processes", 1))
@@ -129,7 +139,9 @@ class SlurmLauncher(Launcher):
         if not job_id.isdigit():
             raise LaunchError(f"run {run['id']}: sbatch answered {out.stdout.strip()!r}, not a job id; check "
                               f"`squeue --name={run['id']}` for a job it may have queued")
-        return {"job_id": job_id, "cluster": cluster or None, "script": str(path)}
+        handle = {"job_id": job_id, "cluster": cluster or None, "script": str(path)}
+        previous = _previous_job_ids(run)
+        return {**handle, "previous_job_ids": previous} if previous else handle
 
     # -- following the job -----------------------------------------------------------------------
     def _cluster_args(self, run: dict) -> list[str]:

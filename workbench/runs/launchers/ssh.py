@@ -6,9 +6,14 @@ Target ``ssh://NAME`` names an entry of ``Settings.ssh_hosts``. On the host, a r
     recipe.yaml    uploaded over ssh's stdin at start
     run.sh         the wrapper: records its pid, runs the host's ``setup`` line, then the trainer
     pgid           the wrapper's pid = its process group (it is a session leader via ``setsid``)
-    stdout.log     everything the set-up and the trainer print
+    stdout.log     everything the set-up and the trainer print (every attempt's, appended)
     events.jsonl   the engine's event stream (what :meth:`SSHLauncher.read_events` streams back)
     exit_code      the trainer's exit status, written by the wrapper when the trainer ends
+    checkpoints/   the trainer's checkpoints (``checkpoint.every``)
+
+A resume (``runs resume``) starts a new wrapper with ``train --resume`` in the same directory: the
+trainer continues from the newest checkpoint there and appends to the same events.jsonl, so the
+store goes on reading it from the byte offset it had ingested (the ``resume`` event first).
 
 The wrapper runs under ``setsid nohup`` with every stream redirected, so it survives the SSH
 connection that started it, an app restart and a dropped link. Events are read by byte offset
@@ -38,11 +43,12 @@ import shlex
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from pydantic import ConfigDict, ValidationError, field_validator
 
+from workbench.engine.checkpoint import CHECKPOINTS_DIR, STATE_FILE  # torch-free
 from workbench.export.commands import ShellVar, shell_join, train_command
 from workbench.recipe import format_validation_error
 from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, ConfigError, EventChunk,
@@ -203,6 +209,20 @@ def explain_ssh_failure(host: HostConfig, stderr: str) -> str:
 
 
 # -- remote scripts (pure text; every variable part quoted) ------------------------------------------
+def _detach_lines(run_sh: str) -> list[str]:
+    """In the run dir: write run.sh, start it detached, wait for its pgid; print the dir and the pgid."""
+    return [
+        f"printf '%s\\n' {shlex.quote(run_sh)} > run.sh",
+        "sh_=$(command -v bash || command -v sh)",  # bash when present: setup lines often use `source`
+        'setsid nohup "$sh_" run.sh < /dev/null > /dev/null 2>&1 &',
+        "i=0",
+        "while [ ! -s pgid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done",
+        "[ -s pgid ] || { echo 'the run wrapper did not start; see stdout.log' >&2; exit 3; }",
+        "pwd",
+        "cat pgid",
+    ]
+
+
 def start_script(run_dir_word: str, runs_root_word: str, run_sh: str) -> str:
     """Create the run dir (fails if it exists), store stdin as recipe.yaml, start the wrapper detached.
 
@@ -214,14 +234,31 @@ def start_script(run_dir_word: str, runs_root_word: str, run_sh: str) -> str:
         f"mkdir -- {run_dir_word}",  # fails if it exists: a run id is started once
         f"cd -- {run_dir_word}",
         "cat > recipe.yaml",
-        f"printf '%s\\n' {shlex.quote(run_sh)} > run.sh",
-        "sh_=$(command -v bash || command -v sh)",  # bash when present: setup lines often use `source`
-        'setsid nohup "$sh_" run.sh < /dev/null > /dev/null 2>&1 &',
-        "i=0",
-        "while [ ! -s pgid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done",
-        "[ -s pgid ] || { echo 'the run wrapper did not start; see stdout.log' >&2; exit 3; }",
-        "pwd",
-        "cat pgid",
+        *_detach_lines(run_sh),
+    ])
+
+
+RESUME_REFUSED_CODE = 4  # resume_script: the remote dir is no run dir, or the attempt before still runs
+
+
+def resume_script(run_dir_word: str, run_sh: str) -> str:
+    """Start a new wrapper (``run_sh``: ``train --resume``) in an existing run dir, keeping its
+    recipe.yaml, events.jsonl, stdout.log and checkpoints; refused (exit ``RESUME_REFUSED_CODE``,
+    why on stderr) where there is no run or its previous wrapper's group still has processes.
+
+    Prints the absolute run dir and the new wrapper's pgid on two lines.
+    """
+    refuse = f"exit {RESUME_REFUSED_CODE}"
+    return "\n".join([
+        "set -e",
+        _ALIVE_FN,
+        f"cd -- {run_dir_word} 2>/dev/null || {{ echo no run directory {run_dir_word} >&2; {refuse}; }}",
+        f"[ -f recipe.yaml ] || {{ echo \"$(pwd) has no recipe.yaml\" >&2; {refuse}; }}",
+        # the attempt before must be over: two trainers must never append to one events.jsonl
+        f"if [ -s pgid ] && wb_alive \"$(cat pgid)\"; then echo \"process group $(cat pgid) of the run is still "
+        f"running\" >&2; {refuse}; fi",
+        f"rm -f pgid {EXIT_CODE_FILE}",
+        *_detach_lines(run_sh),
     ])
 
 
@@ -231,7 +268,8 @@ def wrapper_script(setup: str, python_word: str, train_words: str) -> str:
     ``train_words`` may use ``$WB_RUN_DIR`` (the run dir), ``$WB_RECIPE`` (its recipe.yaml) and
     ``$WB_PYTHON`` (``python_word``, set after the setup line so that it cannot change it).
     """
-    lines = ["echo $$ > pgid", f"exec > {STDOUT_FILE} 2>&1 < /dev/null", "export PYTHONUNBUFFERED=1"]
+    # >>: a resumed attempt keeps the output of the attempts before it
+    lines = ["echo $$ > pgid", f"exec >> {STDOUT_FILE} 2>&1 < /dev/null", "export PYTHONUNBUFFERED=1"]
     if setup.strip():
         lines += ["# host setup line (from the workbench settings, run as-is):", setup,
                   f"rc=$?; if [ $rc -ne 0 ]; then echo \"workbench: the host's setup line failed (exit $rc)\"; "
@@ -283,6 +321,23 @@ def follow_script(run_dir: str, offset: int, pgid: int) -> str:
         "sleep 1",  # let tail pass on the last lines
         "kill $t 2>/dev/null",
     ])
+
+
+def checkpoints_script(run_dir: str) -> str:
+    """Names of the complete checkpoints (their trainer_state.json exists) of a run dir, one a line."""
+    d = remote_path_word(run_dir)  # "~/..." where no attempt has recorded its absolute dir yet
+    return "\n".join([
+        f"cd -- {d} || exit 3",
+        f"for c in {CHECKPOINTS_DIR}/step-*; do [ -f \"$c/{STATE_FILE}\" ] && echo \"${{c#{CHECKPOINTS_DIR}/}}\"; done",
+        "true",
+    ])
+
+
+def newest_checkpoint_name(listing: str) -> tuple[int, str] | None:
+    """(step, name) of the newest ``step-NNNNNNNN`` name in ``checkpoints_script``'s output, or None."""
+    steps = [(int(name[len("step-"):]), name) for name in listing.split()
+             if name.startswith("step-") and name[len("step-"):].isdigit()]
+    return max(steps) if steps else None
 
 
 def log_script(run_dir: str, max_bytes: int) -> str:
@@ -402,33 +457,47 @@ class SSHLauncher(Launcher):
 
     # Launcher interface
     def train_words(self, run: dict) -> str:
-        """The remote trainer command as shell text over the wrapper's $WB_PYTHON, $WB_RECIPE, $WB_RUN_DIR."""
+        """The remote trainer command as shell text over the wrapper's $WB_PYTHON, $WB_RECIPE, $WB_RUN_DIR
+        (``train --resume "$WB_RUN_DIR"`` for a resumed run)."""
         launch = run.get("launch") or {}
         # No --cpu: the host trains on what it has (accelerate uses its GPUs, or the CPU where there are none).
         argv = train_command(ShellVar("WB_RECIPE"), ShellVar("WB_RUN_DIR"), python=ShellVar("WB_PYTHON"),
                              stdout_events=True, num_processes=int(launch.get("num_processes", 1)), cpu=False,
-                             mixed_precision=str(launch.get("mixed_precision", "no")))
+                             mixed_precision=str(launch.get("mixed_precision", "no")), resume=bool(launch.get("resume")))
         return shell_join(argv)
 
-    def start(self, run: dict) -> dict:
+    def remote_dir(self, run: dict) -> str:
+        """Where the run lives on the host: the directory its attempt before ran in (a resume; the
+        host's workdir may have changed in the settings since), else ``WORKDIR/runs/RUN_ID``."""
         run_id = str(run["id"])
         if not NAME_PATTERN.match(run_id) or ".." in run_id:
             raise LaunchError(f"run id={run_id!r} is not allowed as a remote directory name")
-        root = self.host.workdir.rstrip("/") or "/"
-        remote = f"{root}/runs/{run_id}"
+        launch = run.get("launch") or {}
+        previous = (launch.get("previous_handle") or {}).get("remote_dir") if launch.get("resume") else None
+        return str(previous) if previous else f"{self.host.workdir.rstrip('/') or ''}/runs/{run_id}"
+
+    def start(self, run: dict) -> dict:
+        run_id = str(run["id"])
+        remote = self.remote_dir(run)
         run_sh = wrapper_script(self.host.setup, remote_path_word(self.host.python), self.train_words(run))
-        script = start_script(remote_path_word(remote), remote_path_word(f"{root}/runs"), run_sh)
-        recipe = run.get("recipe")
-        if recipe is None:
-            recipe = (Path(run["run_dir"]) / "recipe.yaml").read_text()
+        resuming = bool((run.get("launch") or {}).get("resume"))
+        if resuming:
+            _stop_follower(run_id)  # a stream of the attempt before (its pgid) must not serve this one
+            script, stdin = resume_script(remote_path_word(remote), run_sh), b""
+        else:
+            recipe = run.get("recipe")
+            if recipe is None:
+                recipe = (Path(run["run_dir"]) / "recipe.yaml").read_text()
+            script = start_script(remote_path_word(remote), remote_path_word(remote.rsplit("/", 1)[0] or "/"), run_sh)
+            stdin = recipe.encode()
         # A start that fails after the remote side began may leave a running run behind, while the
         # caller drops it locally: such errors say where it is and how to end it.
         may_run = (f"run {run_id} may have started anyway in {remote} on ssh host {self.host.name!r}; "
                    f"end it there with `kill -TERM -$(cat {remote_path_word(remote + '/pgid')})`")
         try:
-            out = self._ssh(script, stdin=recipe.encode()).decode().strip().splitlines()
+            out = self._ssh(script, stdin=stdin).decode().strip().splitlines()
         except _NoAnswer as err:
-            raise LaunchError(f"{err} while starting run {run_id}; {may_run}") from None
+            raise LaunchError(f"{err} while {'resuming' if resuming else 'starting'} run {run_id}; {may_run}") from None
         try:
             remote_dir, pgid = out[-2], int(out[-1])
         except (IndexError, ValueError):
@@ -438,7 +507,10 @@ class SSHLauncher(Launcher):
                 "events_file": f"{remote_dir}/{EVENTS_FILE}"}
 
     def alive(self, run: dict) -> bool | None:
-        """Whether the remote run's process group has a running process; None if the host is unreachable."""
+        """Whether the remote run's process group has a running process; None if the host is unreachable.
+        False for a run without a process group (never started, or its resume failed to start)."""
+        if not (run.get("handle") or {}).get("pgid"):
+            return False
         remote_dir, pgid = self._handle(run)
         try:
             answer = self._ssh(alive_script(pgid)).decode().strip()
@@ -484,6 +556,12 @@ class SSHLauncher(Launcher):
         # the log is on the host: name it rather than read its last line
         return status_from_exit_code(code, None, f"remote trainer on ssh host {self.host.name!r} "
                                                  f"(log: {remote_dir}/{STDOUT_FILE})")
+
+    def latest_checkpoint(self, run: dict) -> tuple[int, PurePosixPath] | None:
+        """(step, path on the host) of the newest complete checkpoint in the run's remote dir, or None."""
+        remote_dir = (run.get("handle") or {}).get("remote_dir") or self.remote_dir(run)
+        newest = newest_checkpoint_name(self._ssh(checkpoints_script(remote_dir)).decode(errors="replace"))
+        return None if newest is None else (newest[0], PurePosixPath(remote_dir, CHECKPOINTS_DIR, newest[1]))
 
     def check_host(self) -> str:
         """Connect, run the host's setup line and import the workbench with its python ("Test connection").
