@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet -c constraints.txt
 
-.PHONY: app test bench venv clean screenshots
+.PHONY: app test bench bench-gpu venv clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,11 +53,16 @@ screenshots: $(VENV)/.stamp-dev
 bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/core_bench.py
 	$(BIN)/python bench/engine_vs_trl.py
+	$(BIN)/python bench/engine_vs_trl.py --model smollm2-135m --prompts 4 --G 4 --max-len 16 --steps 3 --warmup 1 --rounds 2 --parts ratio
 	$(BIN)/python bench/ui_bench.py
 	$(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/lens_bench.py
 	$(BIN)/python bench/learning_bench.py
 	$(BIN)/python bench/learning_vs_trl.py
+
+# On a CUDA machine (see README "GPU path"): SmolLM2-135M GRPO in bf16 vs TRL, ~1B Llama MFU.
+bench-gpu: $(VENV)/.stamp-bench
+	$(BIN)/python bench/gpu_bench.py --out bench-gpu.json
 
 clean:
 	rm -rf $(VENV)
