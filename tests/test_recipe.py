@@ -727,6 +727,18 @@ def test_a_recipe_that_does_not_fit_says_so(tmp_path):
     raises(lambda: check_fits_machine(vllm, 1, cpus=2, gpus=1, memory=int(need / 0.7) - 2**20), "of GPU memory")
 
 
+def test_a_teacher_is_counted_in_the_memory_estimate(tmp_path, monkeypatch):
+    """On-policy distillation holds the teacher's fp32 weights too: 4 x 134,515,008 bytes for SmolLM2."""
+    from workbench.recipe import memory_footprint
+
+    monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))  # a teacher path must lie in the workbench home
+    model = _model_dir(tmp_path / "models" / "smollm2", **SMOLLM2_CONFIG)
+    recipe = Recipe().with_overrides([f"model={model}"])
+    assert "teacher" not in memory_footprint(recipe).parts
+    with_teacher = recipe.with_overrides([f"teacher.model={model}"])
+    assert memory_footprint(with_teacher).parts["teacher"] == 4 * 134_515_008
+
+
 def test_a_hostile_model_is_refused_before_the_run_starts_without_torch(tmp_path):
     """A local config.json of ~1.3 trillion parameters (no weights at all): `train` exits 2 with one
     line naming the estimate and this machine's RAM, leaves no run directory, and never imports

@@ -692,6 +692,9 @@ def memory_footprint(recipe: Recipe, processes: int = 1, *, on_gpu: bool = False
         behaviour_copy=t.staleness > 0, vllm_copy=t.rollout == "vllm", rows=rows,
         seq=(s.max_prompt_length or ASSUMED_PROMPT_TOKENS) + s.max_completion_length,
         completion=s.max_completion_length, precision=t.precision, checkpointing=t.gradient_checkpointing)
+    teacher = model_facts(recipe.teacher.model) if recipe.teacher.enabled else None
+    if teacher is not None and teacher.shape is not None:  # on-policy distillation: fp32, no gradients
+        footprint.parts["teacher"] = 4 * teacher.shape.num_parameters
     if t.rollout == "vllm" and not on_gpu:  # its KV cache on CPU (on a GPU: a share of the card, below)
         footprint.parts["vLLM KV cache"] = VLLM_CPU_KVCACHE_GIB * 2**30
     return footprint
