@@ -161,14 +161,16 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
 def test_every_lab_page_renders_its_figures(browser_page, server):
     """Each lab, opened by URL in chromium: no exception box, and the analytic figures are drawn."""
     from workbench.ui.labs import LAB_PAGES
+    from workbench.ui.labs.explanations import FAMILIES
 
+    walkthroughs = tuple(f"walkthrough-{slug}-" for _, slug in FAMILIES.values())  # every registry family
     page = browser_page
     for _, title, url_path in LAB_PAGES:
         page.goto(f"{server}/{url_path}")
         main = page.get_by_test_id("stMain")
         main.get_by_role("heading").first.wait_for()
         # a registry walkthrough's worked example is a table (a loss with a ratio curve adds a figure)
-        if url_path.startswith(("walkthrough-adv-", "walkthrough-loss-")):
+        if url_path.startswith(walkthroughs):
             wait_until(lambda: page.get_by_test_id("stDataFrame").count() > 1, 60, f"the worked example on {title}", page=page)
         elif url_path not in ("lab-lens", "lab-experiments"):  # these plot runs only: none here yet
             wait_until(lambda: page.locator(".js-plotly-plot").count() > 0, 60, f"a figure on {title}", page=page)

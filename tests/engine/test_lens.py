@@ -104,7 +104,7 @@ def test_lens_key_maps_grpo_scales():
 
 def test_lens_covers_every_registered_estimator_and_grpo_scale():
     assert list(lens_estimators()) == ["grpo", "dr_grpo", "grpo_batch_std", "rloo", "reinforce", "reinforce_pp",
-                                       "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk"]
+                                       "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg"]
 
     @ADVANTAGE_ESTIMATORS.register("lens_test_constant")
     def constant(rewards, mask, cfg, *, kl=None, values=None):

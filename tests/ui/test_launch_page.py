@@ -24,7 +24,8 @@ def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
     expected |= {f"{s}.{f}" for s, model in sections.items() for f in model.model_fields}
     assert {s.path for s in specs} == expected
     keys = {w.key for kind in ("text_input", "selectbox", "checkbox", "multiselect") for w in getattr(at, kind)}
-    variants = {"rf:algorithm.gspo_variant", "rf:algorithm.cispo_bounds", "rf:algorithm.reinforce_form"}
+    variants = {"rf:algorithm.gspo_variant", "rf:algorithm.cispo_bounds", "rf:algorithm.reinforce_form",
+                "rf:algorithm.gpg_alpha"}
     assert {s.key for s in specs} - variants <= keys  # GRPO: the other losses' variants are not shown
     eps_low = at.text_input(key="rf:algorithm.eps_low")
     assert eps_low.value == "0.2"
@@ -79,6 +80,13 @@ def test_algorithm_tab_shows_only_the_chosen_losss_and_estimators_options(home):
     assert not at.exception and not at.error  # hidden fields keep their values: the recipe still validates
 
 
+def test_gpg_alpha_shows_when_gpg_is_the_estimator_or_the_loss():
+    spec = next(s for s in field_specs() if s.path == "algorithm.gpg_alpha")
+    assert not is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "clip"})
+    assert is_relevant(spec, {"algorithm.advantage": "gpg", "algorithm.policy_loss": "clip"})
+    assert is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gpg"})
+
+
 def test_eps_low_sits_beside_eps_high_for_every_preset():
     for name in preset_names():
         data = load_recipe(name).to_dict()
@@ -94,7 +102,7 @@ def test_an_invalid_field_in_another_tab_keeps_the_tab_bar(home):
     at = page("launch_page").run()
     labels = [t.label for t in at.tabs]
     at.text_input(key="rf:train.minibatches").input("-3").run()
-    assert at.error and [t.label for t in at.tabs] == labels == ["Algorithm", "Sampling", "Optimiser", "Training", "Logging", "Checkpoints", "Evaluation"]
+    assert at.error and [t.label for t in at.tabs] == labels == ["Algorithm", "Sampling", "Optimiser", "Training", "Logging", "Checkpoints", "Evaluation", "LoRA", "Distillation"]
     assert "train.minibatches (Training tab)" in at.error[-1].value
 
 

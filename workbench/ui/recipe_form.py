@@ -25,7 +25,7 @@ from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
 
 SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
-            "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation", "teacher": "Distillation"}
+            "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation", "lora": "LoRA", "teacher": "Distillation"}
 NO_TASK = "(none: use the dataset)"
 KEY_PREFIX = "rf:"
 _MODEL_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -261,9 +261,11 @@ def field_owner(spec: FieldSpec) -> tuple[str, str] | None:
 
 
 def is_relevant(spec: FieldSpec, values: dict[str, Any]) -> bool:
-    """Whether the form should show ``spec`` given the current widget values by path."""
+    """Whether the form should show ``spec`` given the current widget values by path: a variant
+    field shows when any switch picks its member ('gpg' names a loss and an estimator, and
+    gpg_alpha belongs to the estimator)."""
     owner = field_owner(spec)
-    return owner is None or values.get(owner[0]) == owner[1]
+    return owner is None or any(values.get(switch) == owner[1] for switch in _SWITCHES)
 
 
 def field_rows(specs: list[FieldSpec], width: int = 3) -> list[list[FieldSpec]]:
