@@ -9,7 +9,7 @@ import pytest
 from tests.ui.figspec import traces
 from workbench.viz.arms import arm_figures
 from workbench.viz.curves import (PANELS, Panel, available_panels, chart_options, compare_figures, extra_metrics,
-                                  has_data, metric_key, resolve_panel)
+                                  has_data, logged_metrics, metric_key, resolve_panel)
 
 # a run that logged a reward function's pair, a log_metric name, TRL's names with fixed panels,
 # and the trainer's own step key
@@ -36,6 +36,12 @@ def test_a_metric_key_resolves_to_a_one_metric_panel_named_after_it():
 def test_an_unknown_chart_key_names_the_key_and_the_forms_allowed(key):
     with pytest.raises(ValueError, match=rf"chart={key!r} is not allowed; use one of: reward, .*, or metric:NAME"):
         resolve_panel(key)
+
+
+def test_logged_metrics_are_the_numeric_columns_with_a_value_keys_left_out():
+    df = runs().assign(arm="grpo", seed=0, note="text", never=float("nan"))
+    assert logged_metrics(df) == ["reward", "judge/agreement"]
+    assert logged_metrics(df[df["run_id"] == "b"]) == ["reward"]
 
 
 def test_trls_well_known_names_have_fixed_panels_the_rest_become_metric_options_sorted():

@@ -363,19 +363,6 @@ class RunStore:
         frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=["run_id", "step", "time"])
         return frame.astype({"step": int}) if len(frame) else frame
 
-    def metric_names(self, run_ids: Iterable[str]) -> list[str]:
-        """The names of the numeric metrics any of ``run_ids`` logged at any step, sorted (what a
-        chart can draw; null and text values are left out). SQLite reads the keys from the JSON
-        itself (json_each), so nothing is decoded in Python: ~0.2 s for 30 runs x 1,000 steps."""
-        run_ids = list(run_ids)
-        if not run_ids:
-            return []
-        with self._connect() as db:
-            return [r[0] for r in db.execute(
-                "SELECT DISTINCT j.key FROM metrics, json_each(metrics.data) AS j"
-                f" WHERE metrics.run_id IN ({','.join('?' * len(run_ids))}) AND j.type IN ('integer', 'real')"
-                " ORDER BY j.key", run_ids)]
-
     def arm_metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
         """The long frame of ``workbench.analysis``: one row per (run, step) with ``run_id``, ``arm``,
         ``seed``, ``step``, ``time`` and every logged metric (NaN where a run did not log it)."""

@@ -21,7 +21,8 @@ from workbench.analysis import default_metric, final_window_values, sweep_table
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
 from workbench.viz.arms import arm_figures, sweep_figures
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
-                                  final_metrics_table, has_data, progress, resolve_panel, step_label)
+                                  final_metrics_table, has_data, logged_metrics, progress, resolve_panel,
+                                  step_label)
 
 STATUS_EVERY_S = 1.0
 CHARTS_EVERY_S = 5.0
@@ -49,11 +50,12 @@ def _chart_title(key: str) -> str:
     return resolve_panel(key).title
 
 
-def _controls(runs) -> dict:
+def _controls(ids: list[str], runs) -> dict:
     """The view's controls; ``runs``: the selected runs (list_runs rows). The arms view is the
     default once an arm of the selection has more than one seed. Charts offers the fixed panels
-    (all chosen by default), then one chart per other metric the runs logged."""
-    logged = _metric_names(_stamp_of(runs), tuple(runs["id"]))
+    (all chosen by default), then one chart per other metric the runs logged: read from the
+    cached frame the view draws from, so naming them costs no query of its own."""
+    logged = logged_metrics(_frame(_stamp(ids), tuple(ids)))
     options = chart_options(logged)
     cols = st.columns([1, 2, 3])
     smoothing = cols[0].slider("Smoothing (EMA weight)", 0.0, 0.95, DEFAULT_SMOOTHING, 0.05, key="compare_smoothing",
@@ -130,7 +132,7 @@ def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = No
 
 
 def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> None:
-    metrics = store().metrics(ids)
+    metrics = _frame(_stamp(ids), tuple(ids))
     if metrics.empty:
         st.info("Waiting for the first step of the selected runs…")
     else:
@@ -141,29 +143,19 @@ def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> Non
         st.dataframe(final_metrics_table(metrics, labels), hide_index=True)
 
 
-def _stamp_of(runs) -> tuple:
-    """What identifies the data of ``runs`` (list_runs rows): the store file and, per run, the last
-    step ingested, its reward there and its status (ingest only appends steps, so new data changes
-    the stamp)."""
+def _stamp(ids: list[str]) -> tuple:
+    """What identifies the selected runs' data: the store file and, per run, the last step ingested,
+    its reward there and its status (ingest only appends steps, so new data changes the stamp)."""
+    runs = _selected_runs(ids)
     return (str(store().path), *zip(runs["id"], runs["last_step"], runs["reward"].astype(str), runs["status"]))
 
 
-def _stamp(ids: list[str]) -> tuple:
-    return _stamp_of(_selected_runs(ids))
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def _metric_names(stamp: tuple, ids: tuple[str, ...]) -> list[str]:
-    """``RunStore.metric_names(ids)`` for the data ``stamp`` names: the controls re-run on every
-    widget change, and reading every step's names of 30 runs x 1,000 steps takes ~0.2 s."""
-    return store().metric_names(list(ids))
-
-
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _arm_frame(stamp: tuple, ids: tuple[str, ...]):
-    """``RunStore.arm_metrics(ids)`` for the data ``stamp`` names (read-only: shared by sessions).
-    Cached because a script run re-runs on every widget change (the verdict's window, a panel),
-    and decoding 30 runs x 1,000 steps of metrics takes ~0.3 s."""
+def _frame(stamp: tuple, ids: tuple[str, ...]):
+    """``RunStore.arm_metrics(ids)`` for the data ``stamp`` names (read-only: shared by sessions),
+    drawn by both views and naming the Charts options. Cached because a script run re-runs on
+    every widget change (the verdict's window, a panel), and decoding 30 runs x 1,000 steps of
+    metrics takes ~0.3 s."""
     return store().arm_metrics(list(ids))
 
 
@@ -171,13 +163,13 @@ def _arm_frame(stamp: tuple, ids: tuple[str, ...]):
 def _arm_charts(stamp: tuple, ids: tuple[str, ...], panels: tuple[str, ...], x: str, smoothing: float, seeds: bool):
     """The arms view's charts for data ``stamp`` and these controls (~0.6 s for 10 arms x 3 seeds x
     1,000 steps: changing the verdict's controls must not pay it again)."""
-    return arm_figures(_arm_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds)
+    return arm_figures(_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds)
 
 
 def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
     """Per arm: mean curves with bands, the verdict table, the sweep view (arms label themselves)."""
     stamp = _stamp(ids)
-    frame = _arm_frame(stamp, tuple(ids))
+    frame = _frame(stamp, tuple(ids))
     if frame.empty:
         st.info("Waiting for the first step of the selected runs…")
         return
@@ -197,8 +189,7 @@ def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
 def _verdict(frame) -> tuple[str | None, float]:
     """The verdict's controls and table; returns the chosen metric (None: nothing logged) and window."""
     st.subheader("Verdict")
-    metrics = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")
-               and frame[c].dtype.kind in "fi" and frame[c].notna().any()]
+    metrics = logged_metrics(frame)
     if not metrics:
         st.info("No numeric metric logged yet.")
         return None, DEFAULT_WINDOW
@@ -259,7 +250,7 @@ def render() -> None:
         st.info("Choose at least one run.")
         return
     selected = runs[runs["id"].isin(ids)]
-    controls = _controls(selected)
+    controls = _controls(ids, selected)
     live = bool(selected["status"].isin(wr.ACTIVE_STATUSES).any())
     st.fragment(_live_status, run_every=STATUS_EVERY_S if live else None)(ids, live)
     st.fragment(_live_charts, run_every=CHARTS_EVERY_S if live else None)(ids, controls)

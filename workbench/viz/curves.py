@@ -136,8 +136,14 @@ def resolve_panel(key: str) -> Panel:
 _COVERED = frozenset(m for p in PANELS.values() for m in p.metrics)
 
 
+def logged_metrics(df: pd.DataFrame) -> list[str]:
+    """The numeric metric columns of a store frame (``RunStore.metrics`` / ``arm_metrics``) with at
+    least one logged value, in column order; key columns left out."""
+    return [c for c in df.columns if c not in KEY_COLUMNS and df[c].dtype.kind in "fi" and df[c].notna().any()]
+
+
 def extra_metrics(names) -> list[str]:
-    """The logged metric names (iterable of str, e.g. ``RunStore.metric_names``) that no fixed
+    """The logged metric names (iterable of str, e.g. ``logged_metrics``) that no fixed
     panel draws, key columns left out; sorted, so a reward function's mean and std sit together."""
     return sorted(set(names) - _COVERED - KEY_COLUMNS)
 
