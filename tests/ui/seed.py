@@ -32,8 +32,10 @@ def samples_event(step: int, t: float) -> dict:
 
 def add_run(store: RunStore, *, preset: str = "grpo", name: str | None = None, steps: int = 3, total: int = 10,
             status: str = "finished", group: str | None = None, tags=(), notes: str = "", owner: str = "alice",
-            reward_offset: float = 0.0, run_id: str | None = None, t0: float | None = None) -> str:
-    """Register a run row and ingest ``steps`` steps of metrics + samples; returns its id."""
+            reward_offset: float = 0.0, run_id: str | None = None, t0: float | None = None,
+            extra_metrics=None) -> str:
+    """Register a run row and ingest ``steps`` steps of metrics + samples; returns its id.
+    ``extra_metrics(step) -> dict``: more metrics logged at each step (names beyond the base line)."""
     recipe = load_recipe(preset)
     run_id = run_id or f"{name or preset}-{len(store.runs())}"
     store.create_run(run_id=run_id, name=name or preset, algorithm=recipe.name, recipe_yaml=recipe.to_yaml(),
@@ -42,7 +44,9 @@ def add_run(store: RunStore, *, preset: str = "grpo", name: str | None = None, s
     t0 = time.time() - steps if t0 is None else t0
     events = [{"kind": "status", "step": 0, "time": t0, "status": "running"}]
     for step in range(steps):
-        events += [metrics_event(step, t0 + step, reward_offset), samples_event(step, t0 + step)]
+        line = metrics_event(step, t0 + step, reward_offset)
+        line["metrics"].update(extra_metrics(step) if extra_metrics else {})
+        events += [line, samples_event(step, t0 + step)]
     store.ingest(run_id, events)
     if status != "running":
         store.set_status(run_id, status)

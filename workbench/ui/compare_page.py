@@ -20,8 +20,9 @@ from workbench import runs as wr
 from workbench.analysis import default_metric, final_window_values, sweep_table
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
 from workbench.viz.arms import arm_figures, sweep_figures
-from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, available_panels, compare_figures,
-                                  final_metrics_table, progress, step_label)
+from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
+                                  final_metrics_table, has_data, logged_metrics, progress, resolve_panel,
+                                  step_label)
 
 STATUS_EVERY_S = 1.0
 CHARTS_EVERY_S = 5.0
@@ -45,15 +46,27 @@ def _selection(runs) -> list[str]:
     return st.multiselect("Runs", runs["id"].tolist(), default=default, format_func=run_option(runs), key="compare_pick")
 
 
-def _controls(runs) -> dict:
+def _chart_title(key: str) -> str:
+    return resolve_panel(key).title
+
+
+def _controls(ids: list[str], runs) -> dict:
     """The view's controls; ``runs``: the selected runs (list_runs rows). The arms view is the
-    default once an arm of the selection has more than one seed."""
+    default once an arm of the selection has more than one seed. Charts offers the fixed panels
+    (all chosen by default), then one chart per other metric the runs logged: read from the
+    cached frame the view draws from, so naming them costs no query of its own."""
+    logged = logged_metrics(_frame(_stamp(ids), tuple(ids)))
+    options = chart_options(logged)
     cols = st.columns([1, 2, 3])
     smoothing = cols[0].slider("Smoothing (EMA weight)", 0.0, 0.95, DEFAULT_SMOOTHING, 0.05, key="compare_smoothing",
                                help="Debiased exponential moving average, as in TensorBoard / W&B; raw values stay faint.")
     x = cols[1].radio("x-axis", list(X_AXES), horizontal=True, key="compare_x")
-    panels = cols[2].multiselect("Charts", list(PANELS), default=list(PANELS), format_func=lambda k: PANELS[k].title,
-                                 key="compare_panels")
+    # Streamlit keeps the choice when the options change, dropping what the new selection did not log
+    panels = cols[2].multiselect("Charts", options, default=list(PANELS), format_func=_chart_title,
+                                 key="compare_panels",
+                                 help="The fixed charts, then one per other metric the selected runs logged under "
+                                 "its own name: each reward function's rewards/NAME/mean and std, what reward "
+                                 "functions log with log_metric, ...")
     replicated = bool((runs["arm"].value_counts() > 1).any())
     cols = st.columns([2, 1, 3])
     view = cols[0].radio("View", VIEWS, index=VIEWS.index("arms" if replicated else "per run"), horizontal=True,
@@ -61,7 +74,14 @@ def _controls(runs) -> dict:
                          "seed) the mean over its seeds with a 95% confidence band, and the verdict table.")
     seeds = cols[1].toggle("Show seeds", key="compare_seeds", disabled=view != "arms",
                            help="Each seed of an arm as a faint line behind its mean.")
-    return {"smoothing": smoothing, "x": x, "panels": panels, "view": view, "seeds": seeds}
+    return {"smoothing": smoothing, "x": x, "panels": panels, "view": view, "seeds": seeds, "logged": set(logged)}
+
+
+def _chart_help(keys: list[str]) -> None:
+    """What each chosen chart draws: its logged metric names (TRL's where TRL logs them) and meaning."""
+    with st.expander("What these charts show"):
+        st.markdown("\n".join(f"- **{p.title}** ({', '.join(f'`{m}`' for m in p.metrics)}): {p.help}"
+                               for p in map(resolve_panel, keys)))
 
 
 def _status_line(runs) -> None:
@@ -112,11 +132,11 @@ def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = No
 
 
 def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> None:
-    metrics = store().metrics(ids)
+    metrics = _frame(_stamp(ids), tuple(ids))
     if metrics.empty:
         st.info("Waiting for the first step of the selected runs…")
     else:
-        keys = [k for k in controls["panels"] if k in available_panels(metrics)]
+        keys = [k for k in controls["panels"] if has_data(metrics, k)]
         _chart_grid(compare_figures(metrics, keys, x=controls["x"], smoothing=controls["smoothing"], labels=labels),
                     "chart")
         st.subheader("Final metrics")
@@ -131,10 +151,11 @@ def _stamp(ids: list[str]) -> tuple:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _arm_frame(stamp: tuple, ids: tuple[str, ...]):
-    """``RunStore.arm_metrics(ids)`` for the data ``stamp`` names (read-only: shared by sessions).
-    Cached because a script run re-runs on every widget change (the verdict's window, a panel),
-    and decoding 30 runs x 1,000 steps of metrics takes ~0.3 s."""
+def _frame(stamp: tuple, ids: tuple[str, ...]):
+    """``RunStore.arm_metrics(ids)`` for the data ``stamp`` names (read-only: shared by sessions),
+    drawn by both views and naming the Charts options. Cached because a script run re-runs on
+    every widget change (the verdict's window, a panel), and decoding 30 runs x 1,000 steps of
+    metrics takes ~0.3 s."""
     return store().arm_metrics(list(ids))
 
 
@@ -142,17 +163,17 @@ def _arm_frame(stamp: tuple, ids: tuple[str, ...]):
 def _arm_charts(stamp: tuple, ids: tuple[str, ...], panels: tuple[str, ...], x: str, smoothing: float, seeds: bool):
     """The arms view's charts for data ``stamp`` and these controls (~0.6 s for 10 arms x 3 seeds x
     1,000 steps: changing the verdict's controls must not pay it again)."""
-    return arm_figures(_arm_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds)
+    return arm_figures(_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds)
 
 
 def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
     """Per arm: mean curves with bands, the verdict table, the sweep view (arms label themselves)."""
     stamp = _stamp(ids)
-    frame = _arm_frame(stamp, tuple(ids))
+    frame = _frame(stamp, tuple(ids))
     if frame.empty:
         st.info("Waiting for the first step of the selected runs…")
         return
-    keys = tuple(k for k in controls["panels"] if k in available_panels(frame))
+    keys = tuple(k for k in controls["panels"] if has_data(frame, k))  # metric:NAME keys too: in the cache key
     charts = _arm_charts(stamp, tuple(ids), keys, controls["x"], controls["smoothing"], controls["seeds"])
     captions = {key: chart.caption for key, chart in charts.items()}
     # what every chart aggregates, said once; a chart whose seeds differ (a metric some runs do
@@ -168,8 +189,7 @@ def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
 def _verdict(frame) -> tuple[str | None, float]:
     """The verdict's controls and table; returns the chosen metric (None: nothing logged) and window."""
     st.subheader("Verdict")
-    metrics = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")
-               and frame[c].dtype.kind in "fi" and frame[c].notna().any()]
+    metrics = logged_metrics(frame)
     if not metrics:
         st.info("No numeric metric logged yet.")
         return None, DEFAULT_WINDOW
@@ -214,6 +234,7 @@ def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> Non
 def _live_charts(ids: list[str], controls: dict) -> None:
     """Charts, tables and samples of the chosen view (re-run alone every CHARTS_EVERY_S while live)."""
     labels = run_labels(_selected_runs(ids))
+    _chart_help([k for k in controls["panels"] if controls["logged"] & set(resolve_panel(k).metrics)])
     (_arms_view if controls["view"] == "arms" else _per_run_view)(ids, controls, labels)
     _samples(ids, labels)
 
@@ -229,7 +250,7 @@ def render() -> None:
         st.info("Choose at least one run.")
         return
     selected = runs[runs["id"].isin(ids)]
-    controls = _controls(selected)
+    controls = _controls(ids, selected)
     live = bool(selected["status"].isin(wr.ACTIVE_STATUSES).any())
     st.fragment(_live_status, run_every=STATUS_EVERY_S if live else None)(ids, live)
     st.fragment(_live_charts, run_every=CHARTS_EVERY_S if live else None)(ids, controls)

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.viz.curves import LEGEND_PLACE, PANELS, TITLE_PLACE, X_LABELS, Panel, colour, ema, plotted, with_x
+from workbench.viz.curves import LEGEND_PLACE, TITLE_PLACE, X_LABELS, Panel, colour, ema, plotted, resolve_panel, with_x
 
 BAND_ALPHA = 0.2  # the band's fill opacity: the mean line stays readable on top of it
 SEED_OPACITY = 0.3
@@ -101,10 +101,11 @@ def _arm_chart(frame: pd.DataFrame, panel: Panel, arms: list[str], x: str, smoot
 
 def arm_figures(df: pd.DataFrame, panels: list[str], *, x: str = "step", smoothing: float = 0.0,
                 show_seeds: bool = False, confidence: float = 0.95, height: int = 300) -> dict[str, ArmChart]:
-    """``arm_figure`` of each panel key, in the given order (the x values computed once)."""
+    """``arm_figure`` of each chart key (``PANELS`` key or ``metric:NAME``), in the given order
+    (the x values computed once)."""
     frame = with_x(df, x)
     arms = [str(a) for a in pd.unique(frame["arm"])]  # vectorised: iterating 30k arrow strings took ~20 ms
-    return {key: _arm_chart(frame, PANELS[key], arms, x, smoothing, show_seeds, confidence, height) for key in panels}
+    return {key: _arm_chart(frame, resolve_panel(key), arms, x, smoothing, show_seeds, confidence, height) for key in panels}
 
 
 def arm_figure(df: pd.DataFrame, panel: Panel | str, **kwargs) -> ArmChart:
@@ -115,7 +116,7 @@ def arm_figure(df: pd.DataFrame, panel: Panel | str, **kwargs) -> ArmChart:
     appearance in ``df``). The caption is ``aggregation_caption`` of the panel's first metric.
     kwargs: ``x`` (an ``X_AXES`` key), ``smoothing`` (EMA weight, each seed smoothed before the
     mean), ``show_seeds``, ``confidence``, ``height``."""
-    panel = PANELS[panel] if isinstance(panel, str) else panel
+    panel = resolve_panel(panel) if isinstance(panel, str) else panel
     frame = with_x(df, kwargs.get("x", "step"))
     arms = [str(a) for a in pd.unique(frame["arm"])]
     return _arm_chart(frame, panel, arms, **{"x": "step", "smoothing": 0.0, "show_seeds": False, "confidence": 0.95,

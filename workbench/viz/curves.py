@@ -26,7 +26,9 @@ class Panel:
     help: str = ""
 
 
-# The Compare page's charts, in display order. A metric a run never logged is simply absent.
+# The Compare page's charts, in display order, grouped (rewards, eval, KL and distillation,
+# entropy, clipping, lengths, rollout, optimisation, cost). A metric a run never logged is simply
+# absent. Help says what each logged name means (TRL's meaning where TRL logs the same name).
 PANELS: dict[str, Panel] = {
     "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions."),
     # held-out evaluation (eval.every): logged at step 0, every N steps and at the end only
@@ -37,14 +39,57 @@ PANELS: dict[str, Panel] = {
                         "Mean over prompts of the std of the G rewards: the signal a group baseline can use."),
     "frac_reward_zero_std": Panel("Groups with zero reward std", ("frac_reward_zero_std",),
                                   "Fraction of prompts whose G rewards are all equal: zero advantage, no gradient (DAPO filters them)."),
+    "remax_baseline": Panel("ReMax greedy baseline", ("remax/baseline_reward",),
+                            "Mean reward of the greedy completion of each prompt: the baseline ReMax subtracts "
+                            "(advantage = reward - greedy reward)."),
     "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference)."),
+    # its own panel: the std of a heavy-tailed per-token estimate is often 10x its mean
+    "kl_token_std": Panel("KL spread over tokens", ("kl/token_std",),
+                          "Std over the batch's completion tokens of the per-token KL estimate whose mean is kl "
+                          "(0 when kl_coef = 0): large with a small mean, a few tokens carry the divergence."),
+    "distill_reverse_kl": Panel("Reverse KL to the teacher", ("distill/reverse_kl",),
+                                "On-policy distillation: token mean of log pi_student - log pi_teacher on the "
+                                "student's samples, an unbiased estimate of KL(student || teacher) (one step can be < 0)."),
+    "distill_teacher_logp": Panel("Teacher log-prob of the student's tokens", ("distill/teacher_logp",),
+                                  "On-policy distillation: token mean of log pi_teacher(o_t), how likely the teacher "
+                                  "finds what the student writes (rises toward 0 as the student imitates it)."),
     "entropy": Panel("Entropy", ("entropy",), "Mean per-token entropy of the policy (collapse = falls to 0)."),
-    "clip": Panel("Clip ratios", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"),
-                  "Fraction of tokens clipped below 1-eps_low (A<0), above 1+eps_high (A>0), and either."),
+    "entropy_coef": Panel("Entropy coefficient", ("entropy_coef",),
+                          "TRL's entropy_coef: the entropy bonus's coefficient after each optimiser update (mean over "
+                          "the step's updates); with use_adaptive_entropy it moves by entropy_coef_delta to hold the "
+                          "entropy at entropy_target (Skywork-OR1)."),
+    "entropy_kept": Panel("High-entropy tokens trained on", ("entropy/top_quantile_kept",),
+                          "Fraction of the loss tokens top_entropy_quantile keeps: only the highest-entropy tokens get "
+                          "a gradient (Beyond the 80/20 Rule; TRL top_entropy_quantile)."),
+    "clip": Panel("Clip ratios", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+                                  "clip_ratio/dual_mean"),
+                  "Fraction of tokens clipped below 1-eps_low (A<0), above 1+eps_high (A>0), either (TRL's names), "
+                  "and capped by dual clip (A<0, ratio > clip_c)."),
+    # own panel: an extreme over ranks sits well above / below the means beside it
+    "clip_extremes": Panel("Clip ratio extremes over ranks", ("clip_ratio/low_min", "clip_ratio/high_max"),
+                           "clip_ratio/low_min: the smallest rank's low-clip fraction, clip_ratio/high_max: the largest "
+                           "rank's high-clip fraction, per micro-batch, averaged over the step (one rank: the means). "
+                           "A rank far from the mean points at uneven batches."),
+    "loss_token_fractions": Panel("Tokens the loss treats specially", ("cispo/clip_ratio", "dppo/masked_mean",
+                                                                         "dppo/truncated_mean", "clip_cov/selected_mean",
+                                                                         "kl_cov/selected_mean", "value/clipfrac"),
+                                  "Per loss, the fraction of tokens it handles apart: CISPO weights clipped, DPPO tokens "
+                                  "outside the trust region (masked) or with the ratio cut at clip_c (truncated), "
+                                  "Clip-Cov tokens detached, KL-Cov tokens penalised, PPO value predictions clipped."),
+    "sapo_gate": Panel("SAPO gradient gate", ("sapo/gate_mean",),
+                       "Mean of 4 s (1 - s) rho over tokens, s = sigmoid(tau (rho - 1)): the share of the gradient "
+                       "SAPO's soft gate lets through (1 on-policy)."),
     "length": Panel("Completion length", ("completions/mean_length", "completions/min_length", "completions/max_length"),
                     "Tokens per completion (mean, min, max over the batch)."),
+    "terminated_length": Panel("Terminated completion length", ("completions/mean_terminated_length",
+                                                                 "completions/min_terminated_length",
+                                                                 "completions/max_terminated_length"),
+                               "TRL: tokens per completion over the completions that ended with a stop token "
+                               "(truncated ones left out; all 0 when none ended)."),
     "truncated": Panel("Truncated completions", ("completions/clipped_ratio",),
                        "Fraction of completions cut at max_completion_length."),
+    "prompts_truncated": Panel("Truncated prompts", ("prompts/truncated_ratio",),
+                               "Fraction of the batch's prompts that lost tokens to max_prompt_length."),
     "sampling_mismatch": Panel("Rollout / trainer mismatch", ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
                                "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow."),
     "importance_ratio": Panel("Importance-sampling ratio", ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
@@ -56,8 +101,62 @@ PANELS: dict[str, Panel] = {
     "grad_norm": Panel("Gradient norm", ("grad_norm",),
                        "Global gradient norm before clipping, averaged over the step's mu x minibatches "
                        "optimiser updates."),
-    "step_time": Panel("Step time (s)", ("perf/step_time",), "Wall time of one step: rollout + rewards + updates."),
+    "num_tokens": Panel("Tokens seen", ("num_tokens",),
+                        "TRL's num_tokens: prompt + completion tokens of every step so far, over all ranks "
+                        "(the tokens x-axis counts completion tokens only)."),
+    "step_time": Panel("Step time (s)", ("perf/step_time", "perf/generation_time", "perf/train_time"),
+                       "Wall time of one step (rollout + rewards + updates), and of its generation (sampling and "
+                       "rewards) and training parts."),
 }
+
+# Columns of the store's frames that are keys, not metrics (``step`` is also in each metrics line).
+KEY_COLUMNS = frozenset({"run_id", "arm", "seed", "step", "time"})
+# A chart of one logged metric no fixed panel covers (a reward function's rewards/NAME/mean, a
+# log_metric name): key ``metric:NAME``.
+METRIC_KEY_PREFIX = "metric:"
+
+
+def metric_key(name: str) -> str:
+    """The chart key of one logged metric: 'rewards/acc/mean' -> 'metric:rewards/acc/mean'."""
+    return METRIC_KEY_PREFIX + name
+
+
+def resolve_panel(key: str) -> Panel:
+    """A chart key -> its Panel: a ``PANELS`` key, or ``metric:NAME`` -> Panel(NAME, (NAME,)).
+    ValueError naming the key otherwise."""
+    if key in PANELS:
+        return PANELS[key]
+    if key.startswith(METRIC_KEY_PREFIX) and len(key) > len(METRIC_KEY_PREFIX):
+        name = key[len(METRIC_KEY_PREFIX):]
+        return Panel(name, (name,), f"Logged as {name} (no fixed chart draws it).")
+    raise ValueError(f"chart={key!r} is not allowed; use one of: {', '.join(PANELS)}, or {METRIC_KEY_PREFIX}NAME "
+                     "for a logged metric")
+
+
+_COVERED = frozenset(m for p in PANELS.values() for m in p.metrics)
+
+
+def logged_metrics(df: pd.DataFrame) -> list[str]:
+    """The numeric metric columns of a store frame (``RunStore.metrics`` / ``arm_metrics``) with at
+    least one logged value, in column order; key columns left out."""
+    return [c for c in df.columns if c not in KEY_COLUMNS and df[c].dtype.kind in "fi" and df[c].notna().any()]
+
+
+def extra_metrics(names) -> list[str]:
+    """The logged metric names (iterable of str, e.g. ``logged_metrics``) that no fixed
+    panel draws, key columns left out; sorted, so a reward function's mean and std sit together."""
+    return sorted(set(names) - _COVERED - KEY_COLUMNS)
+
+
+def chart_options(names) -> list[str]:
+    """The Charts control's keys: every fixed panel, then ``metric:NAME`` per ``extra_metrics``."""
+    return [*PANELS, *map(metric_key, extra_metrics(names))]
+
+
+def has_data(df: pd.DataFrame, key: str) -> bool:
+    """Whether the chart ``key`` has at least one logged value in ``df``."""
+    return any(m in df.columns and df[m].notna().any() for m in resolve_panel(key).metrics)
+
 
 # x-axis choices: label -> function of one run's rows (sorted by step) returning the x values.
 X_LABELS = {"step": "step", "tokens": "completion tokens (cumulative)", "wall time": "wall time (s)"}
@@ -162,14 +261,15 @@ def _short_metric(metric: str) -> str:
 
 def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoothing: float = 0.0,
                   labels: Mapping[str, str] | None = None, height: int = 300) -> go.Figure:
-    """One panel as a line chart: a trace per (run, metric present in ``df``).
+    """One panel (a Panel or a chart key, see ``resolve_panel``) as a line chart: a trace per
+    (run, metric present in ``df``).
 
     Trace names are ``LABEL`` for one-metric panels and ``LABEL · metric`` otherwise (LABEL =
     ``labels[run_id]`` or the run id). With ``smoothing`` > 0 the EMA is drawn and the raw values
     are kept as a faint line behind it (named ``... (raw)``, not in the legend). Runs keep one
     colour across panels (order of first appearance in ``df``).
     """
-    panel = PANELS[panel] if isinstance(panel, str) else panel
+    panel = resolve_panel(panel) if isinstance(panel, str) else panel
     if x not in X_AXES:
         raise ValueError(f"x={x!r} is not allowed; choose one of: {', '.join(X_AXES)}")
     labels = labels or {}
@@ -205,14 +305,15 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
 
 
 def compare_figures(df: pd.DataFrame, panels: list[str] | None = None, **kwargs) -> dict[str, go.Figure]:
-    """Figures of the given panel keys (default: every panel with data in ``df``)."""
+    """Figures of the given chart keys (``PANELS`` keys or ``metric:NAME``; default: every fixed
+    panel with data in ``df``)."""
     keys = panels if panels is not None else available_panels(df)
     return {key: metric_figure(df, key, **kwargs) for key in keys}
 
 
 def available_panels(df: pd.DataFrame) -> list[str]:
-    """Panel keys with at least one logged value in ``df``."""
-    return [key for key, p in PANELS.items() if any(m in df.columns and df[m].notna().any() for m in p.metrics)]
+    """Fixed panel keys with at least one logged value in ``df`` (``PANELS`` order)."""
+    return [key for key in PANELS if has_data(df, key)]
 
 
 FINAL_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/region_mean",
