@@ -431,3 +431,16 @@ def test_trl_mask_matches_trls_get_off_policy_mask(seed):
     ours = off_policy_sequence_mask(logp, rollout, adv.expand_as(logp), mask, 0.1)
     assert_values(ours, theirs * mask)
     assert 0 < float(theirs.mean()) < 1  # the draw exercises both outcomes
+
+
+def test_sequence_clip_fractions_hand_values():
+    """TRL 1.16's masked_seq_mean of the low / high clip flags: per sequence over its valid tokens,
+    NaN for a sequence without any (TRL's nanmin / nanmax then skip it)."""
+    from workbench.core import PADDING, sequence_clip_fractions
+
+    # codes: 0 trust, 1 clipped_high, 2 clipped_low, 3 dual_clipped, -1 padding
+    region = torch.tensor([[2, 2, 0, 1], [1, 3, PADDING, PADDING], [PADDING, PADDING, PADDING, PADDING]])
+    out = sequence_clip_fractions(region, region != PADDING)
+    assert out["clip_ratio/low_min"][:2].tolist() == [0.5, 0.0]  # dual-clipped tokens are not low-clipped
+    assert out["clip_ratio/high_max"][:2].tolist() == [0.25, 0.5]
+    assert math.isnan(out["clip_ratio/low_min"][2]) and math.isnan(out["clip_ratio/high_max"][2])

@@ -65,9 +65,8 @@ def test_a_run_logs_trls_metrics_with_trls_meaning(wb_home, few_problems, tmp_pa
         rewards = [s["reward"] for s in samples]
         assert m["rewards/exact_match/std"] == pytest.approx(statistics.stdev(rewards), abs=1e-6)
         assert m["rewards/exact_match/mean"] == pytest.approx(statistics.mean(rewards), abs=1e-6)
-        # one process: the min / max over ranks is the rank's own value
-        assert m["clip_ratio/low_min"] == m["clip_ratio/low_mean"]
-        assert m["clip_ratio/high_max"] == m["clip_ratio/high_mean"]
+        # one pass (mu = 1): the ratio is 1, nothing is clipped (the extremes are tested below)
+        assert m["clip_ratio/low_min"] == m["clip_ratio/high_max"] == m["clip_ratio/low_mean"] == 0.0
         # hf generate scores the same weights: the trainer's log-probs agree to float rounding
         assert m["sampling/sampling_logp_difference/max"] < 1e-4
         assert m["sampling/sampling_logp_difference/mean"] <= m["sampling/sampling_logp_difference/max"]
@@ -284,6 +283,31 @@ def test_dynamic_sampling_off_is_one_round_of_the_steps_prompts(wb_home, few_pro
 
 
 # ---- every addition on two data-parallel processes ---------------------------------------------
+
+
+def test_clip_extremes_are_trls_per_sequence_min_and_max(wb_home, few_problems, tmp_path):
+    """TRL 1.16: per micro-batch, the min (low) / max (high) over sequences of each sequence's
+    fraction of clipped tokens, averaged over the step's micro-batches. mu = 2, one minibatch:
+    the first pass's ratio is 1 (nothing clipped: 0), the second pass's regions are in the step's
+    diagnostics (every sequence), so the step's value is (0 + extreme of the second pass) / 2."""
+    recipe = recipe_for(few_problems, "train.steps=3", "train.mu=2", "optim.lr=3e-3", "algorithm.eps_low=0.02",
+                        "algorithm.eps_high=0.02", "logging.diagnostics_sequences=32", "sampling.max_completion_length=4")
+    _, ms = run(recipe, tmp_path)
+    diagnostics = [e for e in read_events(tmp_path) if e["kind"] == "diagnostics"]
+    moved = 0
+    for m, d in zip(ms, diagnostics):
+        low, high = [], []
+        for regions in d["region"]:
+            valid = [x for x in regions if x != -1]
+            if valid:
+                low.append(sum(x == 2 for x in valid) / len(valid))  # clipped_low
+                high.append(sum(x == 1 for x in valid) / len(valid))  # clipped_high
+        assert len(low) == recipe.batch_size
+        assert m["clip_ratio/low_min"] == pytest.approx(min(low) / 2, abs=1e-7)
+        assert m["clip_ratio/high_max"] == pytest.approx(max(high) / 2, abs=1e-7)
+        assert m["clip_ratio/low_min"] <= m["clip_ratio/low_mean"] and m["clip_ratio/high_max"] >= m["clip_ratio/high_mean"]
+        moved += max(high) > 0
+    assert moved  # the second pass clipped something: the check above is not 0 == 0
 
 
 def test_two_processes_agree_with_every_addition_on(wb_home, few_problems, tmp_path):

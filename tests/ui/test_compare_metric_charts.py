@@ -49,7 +49,7 @@ def test_logged_metrics_without_a_fixed_panel_are_offered_after_the_panels_not_c
     assert [t["name"] for t in drawn["Terminated completion length"]][1::2] == [
         "grpo · mean_terminated_length", "grpo · min_terminated_length", "grpo · max_terminated_length"]
     assert drawn["Tokens seen"][0]["y"] == [100.0, 200.0, 300.0]
-    assert drawn["Clip ratio extremes over ranks"][3]["y"] == [0.04, 0.04, 0.04]
+    assert drawn["Clip ratio extremes over sequences"][3]["y"] == [0.04, 0.04, 0.04]
 
 
 def test_a_chosen_metric_is_drawn_as_its_own_chart(home, judged):

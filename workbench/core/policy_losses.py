@@ -119,6 +119,27 @@ def _region_metrics(region: torch.Tensor, mask: torch.Tensor) -> dict[str, torch
     }
 
 
+def sequence_clip_fractions(region: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per sequence, the fraction of its valid tokens clipped low / high: TRL 1.16's
+    ``masked_seq_mean(is_low_clipped)`` / ``masked_seq_mean(is_high_clipped)``, which it gathers
+    over ranks and logs as ``clip_ratio/low_min`` = nanmin and ``clip_ratio/high_max`` = nanmax
+    over the sequences of each micro-batch.
+
+        f_i = sum_t 1[region_it = c] m_it / sum_t m_it       (NaN for a row without valid tokens)
+
+    region, mask (B, T) -> {"clip_ratio/low_min": (B,), "clip_ratio/high_max": (B,)}, keyed by
+    the metric each feeds.
+    """
+    check_like("region", region, mask=mask)
+    valid = mask.to(torch.float32)
+    count = valid.sum(dim=1)
+
+    def fraction(code: int) -> torch.Tensor:
+        return ((region == code).to(torch.float32) * valid).sum(dim=1) / count  # 0 / 0 = NaN, as TRL
+
+    return {"clip_ratio/low_min": fraction(CLIPPED_LOW), "clip_ratio/high_max": fraction(CLIPPED_HIGH)}
+
+
 def clipped_objective(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PolicyLossConfig) -> torch.Tensor:
     """Per-token PPO loss  -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A), with the dual clip
     min(., -c A) for A < 0 (verl) and TRL's cap of rho at delta in the unclipped term.

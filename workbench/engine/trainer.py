@@ -34,6 +34,7 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 from workbench.core import (
+    PADDING,
     REGION_NAMES,
     aggregate_loss,
     batch_normalizers,
@@ -50,6 +51,7 @@ from workbench.core import (
     reward_function_metrics,
     reward_metrics,
     rollout_correction,
+    sequence_clip_fractions,
     terminated_length_metrics,
     token_mean_metric,
     token_objective,
@@ -78,10 +80,10 @@ SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "
 TASK_DATASET_SIZE = 2048
 ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
 DYNAMIC_ROUND_SEED = 104_729  # offsets the prompt order and sampling seeds of dynamic sampling's later rounds
-#: Per-micro-batch metrics whose step value is TRL's: the min / max over ranks of each micro-batch's
-#: value, averaged over the step's micro-batches (TRL appends nanmin / nanmax of the gathered values
-#: per compute_loss call and logs the mean of the list). Source metric -> (logged name, reduction).
-RANK_EXTREMES = {"clip_ratio/low_mean": ("clip_ratio/low_min", "min"), "clip_ratio/high_mean": ("clip_ratio/high_max", "max")}
+#: TRL 1.16's per-sequence clip extremes: per micro-batch the nanmin / nanmax over every rank's
+#: sequences of their clip fraction (core.sequence_clip_fractions), averaged over the step's
+#: micro-batches (TRL appends one value per compute_loss call and logs the mean of the list).
+SEQUENCE_EXTREMES = {"clip_ratio/low_min": "min", "clip_ratio/high_max": "max"}
 
 
 class Cancelled(Exception):
@@ -532,7 +534,7 @@ class Trainer:
         r = self.recipe
         B = batch.completion_mask.shape[0]
         sums: dict[str, float] = {}
-        per_micro: dict[str, list[float]] = {k: [] for k in RANK_EXTREMES}
+        per_micro: dict[str, list[float]] = {k: [] for k in SEQUENCE_EXTREMES}
         count = 0
         grad_norms = []
         last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.full_like(batch.completion_mask, -1, dtype=torch.long),
@@ -544,9 +546,10 @@ class Trainer:
             for mb_idx in order.chunk(r.train.minibatches):
                 for metrics, logp in self.accumulate_gradients(batch, mb_idx.to(batch.completion_mask.device), last):
                     for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                        if k in per_micro:
+                        if k in per_micro:  # NaN where a micro-batch had no valid token: left out below
                             per_micro[k].append(float(v))
+                        else:
+                            sums[k] = sums.get(k, 0.0) + float(v)
                     count += 1
                     if first_logp is None and r.train.single_pass:
                         first_logp = logp
@@ -557,7 +560,9 @@ class Trainer:
         metrics = {k: v / (updates if k in ADDITIVE_METRICS else count) for k, v in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
-        metrics.update(self._rank_extremes(per_micro))
+        for k, values in per_micro.items():  # 0 when no micro-batch had a valid token (nothing clipped)
+            finite = [v for v in values if not math.isnan(v)]
+            metrics[k] = sum(finite) / len(finite) if finite else 0.0
         if self._entropy_coefs:
             metrics["entropy_coef"] = sum(self._entropy_coefs) / len(self._entropy_coefs)
             self._entropy_coefs.clear()
@@ -584,20 +589,16 @@ class Trainer:
         if self.entropy_control is not None or self.recipe.algorithm.entropy_coef != 0.0:
             self._entropy_coefs.append(self.entropy_state.coef)
 
-    def _rank_extremes(self, per_micro: dict[str, list[float]]) -> dict[str, float]:
-        """TRL's ``clip_ratio/low_min`` / ``high_max``: per micro-batch the min / max over ranks,
-        then the mean over micro-batches (one rank: the mean itself). Every rank runs the same
-        number of micro-batches, so the gathered lists line up."""
+    def _sequence_clip_extremes(self, region: torch.Tensor) -> dict[str, float]:
+        """TRL 1.16's ``clip_ratio/low_min`` / ``high_max`` of one micro-batch: the per-sequence clip
+        fractions (core.sequence_clip_fractions over the loss's valid tokens) gathered over ranks,
+        their nanmin / nanmax (NaN: no sequence has a valid token). Every rank runs the same number
+        of equal-sized micro-batches, so the gathers line up."""
         out = {}
-        for name, values in per_micro.items():
-            if not values:
-                continue
-            t = torch.tensor(values, device=self.accelerator.device)
-            logged, how = RANK_EXTREMES[name]
-            if self.world > 1:
-                t = self.accelerator.gather(t[None])  # (world, micro-batches)
-                t = t.amin(dim=0) if how == "min" else t.amax(dim=0)
-            out[logged] = float(t.mean())
+        for name, fractions in sequence_clip_fractions(region, region != PADDING).items():
+            g = self.accelerator.gather(fractions.contiguous()) if self.world > 1 else fractions
+            g = g[~torch.isnan(g)]
+            out[name] = float(g.min() if SEQUENCE_EXTREMES[name] == "min" else g.max()) if g.numel() else math.nan
         return out
 
     def accumulate_gradients(self, batch: StepBatch, mb_idx: torch.Tensor, last: dict):
@@ -609,7 +610,7 @@ class Trainer:
             loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs)
             self.accelerator.backward(loss)
             last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
-            yield metrics, logp
+            yield {**metrics, **self._sequence_clip_extremes(diag.region)}, logp
 
     def _step_optimisers(self) -> torch.Tensor:
         r, acc = self.recipe, self.accelerator

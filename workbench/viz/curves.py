@@ -65,11 +65,12 @@ PANELS: dict[str, Panel] = {
                                   "clip_ratio/dual_mean"),
                   "Fraction of tokens clipped below 1-eps_low (A<0), above 1+eps_high (A>0), either (TRL's names), "
                   "and capped by dual clip (A<0, ratio > clip_c)."),
-    # own panel: an extreme over ranks sits well above / below the means beside it
-    "clip_extremes": Panel("Clip ratio extremes over ranks", ("clip_ratio/low_min", "clip_ratio/high_max"),
-                           "clip_ratio/low_min: the smallest rank's low-clip fraction, clip_ratio/high_max: the largest "
-                           "rank's high-clip fraction, per micro-batch, averaged over the step (one rank: the means). "
-                           "A rank far from the mean points at uneven batches."),
+    # own panel: a per-sequence extreme sits well above / below the token means beside it
+    "clip_extremes": Panel("Clip ratio extremes over sequences", ("clip_ratio/low_min", "clip_ratio/high_max"),
+                           "TRL 1.16: per micro-batch, over every rank's sequences, the smallest fraction of a "
+                           "sequence's tokens clipped low (clip_ratio/low_min) and the largest clipped high "
+                           "(clip_ratio/high_max), averaged over the step's micro-batches. high_max near 1 means "
+                           "some completion is clipped almost everywhere."),
     "loss_token_fractions": Panel("Tokens the loss treats specially", ("cispo/clip_ratio", "dppo/masked_mean",
                                                                          "dppo/truncated_mean", "clip_cov/selected_mean",
                                                                          "kl_cov/selected_mean", "value/clipfrac"),
