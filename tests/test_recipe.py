@@ -761,3 +761,13 @@ def test_a_hostile_model_is_refused_before_the_run_starts_without_torch(tmp_path
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120,
                    env={**__import__("os").environ, "PYTHONPATH": str(REPO), "WORKBENCH_HOME": str(home)})
+
+
+def test_a_set_after_a_short_spelling_finds_its_section():
+    """`--set teacher=X` then `--set teacher.kl_coef=...`, and `--set model={name, lora}` then
+    `--set lora.alpha=...`: the short spellings are lifted after every --set."""
+    r = Recipe().with_overrides(["teacher=tiny-teacher", "teacher.kl_coef=0.5"])
+    assert (r.teacher.model, r.teacher.kl_coef) == ("tiny-teacher", 0.5)
+    r = Recipe().with_overrides(["model={name: tiny, lora: {r: 4}}", "lora.alpha=8"])
+    assert (r.model, r.lora.r, r.lora.alpha) == ("tiny", 4, 8)
+    raises(lambda: Recipe().with_overrides(["model={lora: {r: 4}}"]), "--set 'model={lora: {r: 4}}'", "a mapping needs name")

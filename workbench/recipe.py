@@ -441,6 +441,32 @@ class Teacher(_Section):
         return self.model is not None
 
 
+def lift_shorthands(data: Any) -> Any:
+    """The recipe's short spellings in their full form (a new dict; other input unchanged):
+    ``model: {name: X, lora: {...}}`` -> ``model: X`` + ``lora: {...}``, and ``teacher: X`` ->
+    ``teacher: {model: X}``. Run before validation and after every ``--set``, so a later
+    ``--set lora.r=8`` or ``--set teacher.kl_coef=0.5`` finds its section."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    if isinstance(data.get("teacher"), str):
+        data["teacher"] = {"model": data["teacher"]}
+    if not isinstance(data.get("model"), dict):
+        return data
+    spec = dict(data["model"])
+    unknown = sorted(set(spec) - {"name", "lora"})
+    if unknown:
+        raise ValueError(f"model.{unknown[0]}: unknown field; model as a mapping takes name and lora")
+    if "name" not in spec:
+        raise ValueError("model: a mapping needs name (e.g. model: {name: smollm2-135m, lora: {r: 16}})")
+    if "lora" in spec and "lora" in data:
+        raise ValueError("lora is given twice (model.lora and lora): give one")
+    data["model"] = spec["name"]
+    if "lora" in spec:
+        data["lora"] = spec["lora"]
+    return data
+
+
 class Recipe(_Section):
     """A whole run. ``name`` identifies the preset or run."""
 
@@ -472,22 +498,293 @@ class Recipe(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _model_mapping(cls, data: Any) -> Any:
-        """The issue's spelling ``model: {name: smollm2-135m, lora: {r: 16}}`` -> ``model`` + ``lora``."""
-        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-            return data
-        spec, data = dict(data["model"]), dict(data)
-        unknown = sorted(set(spec) - {"name", "lora"})
-        if unknown:
-            raise ValueError(f"model.{unknown[0]}: unknown field; model as a mapping takes name and lora")
-        if "name" not in spec:
-            raise ValueError("model: a mapping needs name (e.g. model: {name: smollm2-135m, lora: {r: 16}})")
-        if "lora" in spec and "lora" in data:
-            raise ValueError("lora is given twice (model.lora and lora): give one")
-        data["model"] = spec["name"]
-        if "lora" in spec:
-            data["lora"] = spec["lora"]
+    def _short_spellings(cls, data: Any) -> Any:
+        return lift_shorthands(data)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        needs_critic = self.advantage in CRITIC_ESTIMATORS
+        if needs_critic and not self.critic:
+            raise ValueError(f"algorithm.advantage={self.advantage!r} needs algorithm.critic=true (it uses the critic's values)")
+        if self.critic and not needs_critic:
+            raise ValueError(
+                f"algorithm.critic=true is only used by advantage={' / '.join(map(repr, sorted(CRITIC_ESTIMATORS)))}, not {self.advantage!r}"
+            )
+        PolicyLossConfig(**self.policy_loss_kwargs())  # clip_c/delta vs eps_high, with the field names
+        lo, hi = self.rollout_correction_min, self.rollout_correction_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"algorithm.rollout_correction_min={lo} must not exceed algorithm.rollout_correction_max={hi}")
+        if self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} must not exceed "
+                             f"algorithm.entropy_coef_max={self.entropy_coef_max}")
+        if self.advantage in BASELINE_ESTIMATORS and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"algorithm.advantage={self.advantage!r} subtracts a greedy completion's reward: it needs "
+                f"multi_objective_aggregation='sum_then_normalize', not {self.multi_objective_aggregation!r}")
+        return self
+
+    def policy_loss_kwargs(self) -> dict[str, Any]:
+        """The fields PolicyLossConfig has (same names), so a new loss setting needs no list here."""
+        return {f.name: getattr(self, f.name) for f in fields(PolicyLossConfig)}
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference model is loaded only when a KL term needs it."""
+        return self.kl_coef > 0
+
+
+class Sampling(_Section):
+    """Rollout settings."""
+
+    num_generations: int = Field(8, ge=1, le=MAX_GENERATIONS)
+    """G completions per prompt. Group baselines need G >= 2; larger G = better baselines, more compute."""
+    prompts_per_step: int = Field(4, ge=1, le=MAX_PROMPTS_PER_STEP)
+    """Prompts per step; the batch is prompts_per_step x G completions."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (log-probs are computed at the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
+    max_completion_length: int = Field(8, ge=1)  # upper bound: the model's context (Recipe._cross)
+    """L_max: completions are cut here (and the Dr. GRPO normaliser uses it). Prompt + completion must fit the model's positions."""
+    max_prompt_length: int | None = Field(None, ge=1, le=MAX_COMPLETION_LENGTH)
+    """Longer prompts keep their last tokens (left truncation, as TRL; counted in prompts/truncated_ratio). None = no limit."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (Yu et al. 2025; verl filter_groups): groups whose G rewards are all equal (no learning signal) are dropped and more prompts sampled until prompts_per_step groups have a spread. Costs extra rollouts; the rounds it took are logged (dynamic_sampling/rounds)."""
+    dynamic_sampling_max_rounds: int = Field(4, ge=1, le=MAX_MU)
+    """Cap on rollout rounds per step with dynamic_sampling (verl max_num_gen_batches): after it, dropped groups fill the batch (logged as dynamic_sampling/filled_groups)."""
+
+
+class Optim(_Section):
+    """Optimiser (AdamW) and schedule."""
+
+    lr: float = Field(1e-3, gt=0)
+    """Policy learning rate (the tiny model likes 1e-3; billion-parameter models ~1e-6)."""
+    critic_lr: float | None = None
+    """Critic learning rate (default: lr)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR schedule after warm-up."""
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    """Linear warm-up steps."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Gradient clipping by global norm (None = off)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+
+
+class Train(_Section):
+    """Loop settings."""
+
+    steps: int = Field(30, ge=1, le=MAX_STEPS)
+    """Optimisation steps (each: one rollout batch, mu passes over it)."""
+    mu: int = Field(1, ge=1, le=MAX_MU)
+    """Passes over each batch (GRPO's mu / TRL num_iterations / PPO epochs). > 1 makes the ratio move and clipping bite."""
+    minibatches: int = Field(1, ge=1, le=MAX_BATCH)
+    """Optimizer steps per pass: the batch is split into this many minibatches."""
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH)
+    """Micro-batches per minibatch (memory); the loss is normalised over the whole minibatch."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed for sampling, data order and initialisation."""
+    rollout: Literal["hf", "vllm"] = "hf"
+    """Generation backend: hf (transformers generate) or vllm (colocated, weights synced each step)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Mixed precision (accelerate). CPU runs use fp32."""
+    staleness: int = Field(0, ge=0, le=MAX_STALENESS)
+    """Rollouts are generated by the policy of k optimiser updates ago, as in asynchronous trainers (the RLHF book, asynchronicity): the ratio then drifts from 1, and clipping and rollout_correction visibly matter. Old log-probs are still recomputed by the trainer with the current weights. 0 = on-policy generation (today's runs, exactly); k keeps k + 1 CPU copies of the weights."""
+    threads: int = Field(1, ge=1, le=MAX_THREADS)
+    """torch threads per CPU process (on 2 cores, 1 is fastest for generation); at most the CPUs of the machine it runs on."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers gradient_checkpointing_enable, use_reentrant=False, as TRL): activation memory ~1/num_layers for ~30% more compute; same loss and gradients."""
+
+    @property
+    def single_pass(self) -> bool:
+        """One optimiser update per batch: the old policy is the current one, so the ratio is
+        logp / sg(logp) = 1 and no separate old log-prob pass is needed for it."""
+        return self.mu == 1 and self.minibatches == 1
+
+
+class Logging(_Section):
+    """What the run records."""
+
+    log_with: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(default_factory=list)
+    """Trackers via accelerate, besides the run's own event stream."""
+    samples_per_step: int = Field(4, ge=0, le=MAX_LOGGED_ROWS)
+    """Prompt / completion / reward rows recorded per step."""
+    diagnostics_every: int = Field(1, ge=0, le=MAX_STEPS)
+    """Per-token diagnostics (ratio, advantage, region) every N steps (0 = never)."""
+    diagnostics_sequences: int = Field(8, ge=0, le=MAX_LOGGED_ROWS)
+    """How many sequences of the batch those diagnostics cover."""
+    lens_every: int = Field(0, ge=0, le=MAX_STEPS)
+    """Same-batch lens every N steps (0 = off): every advantage estimator x policy loss on the step's batch (loss, grad norm, cosine with the update taken), in that step's diagnostics event. One extra forward and ~30 backward passes per lens step, so off by default (see bench/lens_bench.py)."""
+
+
+class Checkpoint(_Section):
+    """What the run saves to continue after a crash (``train --resume RUN_DIR``)."""
+
+    every: int = Field(0, ge=0, le=MAX_STEPS)
+    """A checkpoint (policy, tokenizer, optimiser, scheduler, RNG states, step) every N steps; 0 = only at the end. With LoRA the checkpoint holds the adapters (the base is frozen). The finished policy is always saved as a plain Hugging Face directory, run_dir/final (LoRA: merged; the adapters alone in run_dir/final_adapter)."""
+    keep_last: int = Field(1, ge=1, le=1000)
+    """How many of the newest checkpoints are kept (older ones are deleted once a newer one is complete)."""
+
+
+class Lora(_Section):
+    """LoRA adapters through PEFT (Hu et al. 2021): the base weights stay frozen and only
+    low-rank adapters train; the reference log-probs come from the same model with its adapters
+    disabled (no second copy, as TRL does). Also spelled ``model: {name: ..., lora: {...}}``."""
+
+    r: int = Field(0, ge=0, le=MAX_LORA_RANK)
+    """Adapter rank; 0 = off (full fine-tuning). Typical 8-64 (TRL's ModelConfig lora_r 16)."""
+    alpha: float = Field(32.0, gt=0)
+    """lora_alpha: the adapter's update B @ A is scaled by alpha / r (TRL's ModelConfig 32)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input (PEFT lora_dropout, default 0). > 0 runs the policy's forward passes in training mode, so old and new log-probs see different dropout masks."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: 'all-linear' (every linear layer but the output head, as QLoRA / TRL recommend) or names such as [q_proj, v_proj] (PEFT target_modules)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value: str | list[str]) -> str | list[str]:
+        if not value or (isinstance(value, list) and not all(isinstance(v, str) and v for v in value)):
+            raise ValueError("name at least one module ('all-linear' or a list such as [q_proj, v_proj])")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
+class Eval(_Section):
+    """Held-out evaluation: prompts never trained on, scored by the task's verifier."""
+
+    every: int = Field(0, ge=0, le=MAX_STEPS)
+    """Evaluate every N steps (0 = off): at step 0 (the untrained policy), every N steps, and the final policy in the last step's line (eval/updates says how many updates the evaluated policy had)."""
+    num_prompts: int = Field(32, ge=1, le=MAX_EVAL_PROMPTS)
+    """Held-out prompts: reasoning-gym's eval split, prompts of a built-in task that training never sees, or the first rows of eval.dataset."""
+    pass_k: int = Field(4, ge=1, le=MAX_GENERATIONS)
+    """k of pass@k: k completions per prompt at eval.temperature; correct if any is (the greedy completion gives pass@1)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the pass@k completions (greedy decoding for pass@1). Completions are at most sampling.max_completion_length tokens."""
+    dataset: str | None = None
+    """JSONL / CSV / saved datasets dir of held-out prompts; required to evaluate a run whose prompts come from `dataset`."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+
+#: Built-in teachers for on-policy distillation: the built-in tiny model trained longer (by
+#: engine/distill.py, on first use, cached under <workbench home>/models).
+TINY_TEACHER = "tiny-teacher"
+BUILTIN_TEACHERS = (TINY_TEACHER,)
+
+
+def teacher_reference(value: str) -> str:
+    """A teacher model reference, checked: a built-in name (tiny-teacher, tiny, smollm2-135m), a
+    path inside the workbench home (relative to it, or absolute; e.g. a run's ``runs/<id>/final``;
+    returned resolved), or a hub id ('org/name', passed on). A path outside the home or missing
+    raises ValueError naming teacher.model."""
+    text = value.strip()
+    if not text:
+        raise ValueError("teacher.model='' is empty: name a model (e.g. tiny-teacher) or null for no teacher")
+    if text in BUILTIN_TEACHERS or text in builtin_model_names():
+        return text
+    home = workbench_home()
+    if text.startswith(("/", "~", ".")) or text.endswith(".gguf") or (home / text).exists():
+        path = confined_path(Path(text).expanduser(), field="teacher.model")
+        if not path.exists():
+            raise ValueError(f"teacher.model={text!r}: no such file or directory in the workbench home {str(home)!r}")
+        return str(path)
+    return text
+
+
+class Teacher(_Section):
+    """On-policy distillation (slime OPD; Thinking Machines' "On-Policy Distillation", Lu et al. 2025): the student's advantage is shaped by the per-token reverse KL to a teacher, A' = A - kl_coef * (log pi_theta - log pi_T), with any estimator."""
+
+    model: str | None = None
+    """Teacher model (None = no distillation): tiny-teacher (the built-in tiny model trained longer by the grpo preset, built on first use), a run's final/ directory or another model directory inside the workbench home, or a hub id. It must share the student's tokenizer (checked before training)."""
+    kl_coef: float = Field(1.0, ge=0)
+    """lambda: weight of the teacher's reverse KL in the advantage (slime --opd-kl-coef, tinker kl_penalty_coef; both 1.0). In nats per token, added after the estimator (and its whitening)."""
+    kl_discount: float = Field(0.0, ge=0, le=1)
+    """gamma of the KL's discounted future sum, D_t = sum_{k>=t} gamma^(k-t) d_k (tinker kl_discount_factor). 0 = per token (slime, and tinker's default)."""
+    mode: Literal[DISTILL_MODES] = "shaped"
+    """shaped: A' = A - lambda D (slime OPD: the reward still trains); only: A' = -lambda D, pure distillation (Thinking Machines; the reward is logged, not trained on)."""
+
+    @field_validator("model")
+    @classmethod
+    def _model_reference(cls, value: str | None) -> str | None:
+        return None if value is None else teacher_reference(value)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        if self.model is not None and self.mode == "only" and self.kl_coef == 0:
+            raise ValueError("teacher.mode='only' with teacher.kl_coef=0 leaves no learning signal: set kl_coef > 0 or mode='shaped'")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.model is not None
+
+
+def lift_shorthands(data: Any) -> Any:
+    """The recipe's short spellings in their full form (a new dict; other input unchanged):
+    ``model: {name: X, lora: {...}}`` -> ``model: X`` + ``lora: {...}``, and ``teacher: X`` ->
+    ``teacher: {model: X}``. Run before validation and after every ``--set``, so a later
+    ``--set lora.r=8`` or ``--set teacher.kl_coef=0.5`` finds its section."""
+    if not isinstance(data, dict):
         return data
+    data = dict(data)
+    if isinstance(data.get("teacher"), str):
+        data["teacher"] = {"model": data["teacher"]}
+    if not isinstance(data.get("model"), dict):
+        return data
+    spec = dict(data["model"])
+    unknown = sorted(set(spec) - {"name", "lora"})
+    if unknown:
+        raise ValueError(f"model.{unknown[0]}: unknown field; model as a mapping takes name and lora")
+    if "name" not in spec:
+        raise ValueError("model: a mapping needs name (e.g. model: {name: smollm2-135m, lora: {r: 16}})")
+    if "lora" in spec and "lora" in data:
+        raise ValueError("lora is given twice (model.lora and lora): give one")
+    data["model"] = spec["name"]
+    if "lora" in spec:
+        data["lora"] = spec["lora"]
+    return data
+
+
+class Recipe(_Section):
+    """A whole run. ``name`` identifies the preset or run."""
+
+    name: str = "grpo"
+    description: str = ""
+    model: str = "tiny"
+    """'tiny' (built locally) or a Hugging Face causal LM path / hub id. Also spelled model: {name: ..., lora: {...}} (see lora)."""
+    task: str | None = "arithmetic"
+    """Built-in task or reasoning_gym/<dataset> (e.g. reasoning_gym/basic_arithmetic); its prompts and reward functions are used unless overridden."""
+    task_config: dict[str, Any] = Field(default_factory=dict)
+    """reasoning-gym dataset config keys (e.g. {min_terms: 2, max_terms: 2}); size and seed are set by the workbench."""
+    system_prompt: str | None = None
+    """System message of conversational prompts (replaces the dataset's); needs a model with a chat template."""
+    dataset: str | None = None
+    """JSONL / CSV / saved `datasets` dir with a 'prompt' column (replaces the task's prompts)."""
+    reward_funcs: list[str] = Field(default_factory=list)
+    """Reward functions by built-in name or import path 'package.module:function' (default: the task's)."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1 each; with reward_funcs empty, for the task's functions). Checked against the functions when the run starts."""
+    algorithm: Algorithm = Field(default_factory=Algorithm)
+    sampling: Sampling = Field(default_factory=Sampling)
+    optim: Optim = Field(default_factory=Optim)
+    train: Train = Field(default_factory=Train)
+    logging: Logging = Field(default_factory=Logging)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    eval: Eval = Field(default_factory=Eval)
+    lora: Lora = Field(default_factory=Lora)
+    teacher: Teacher = Field(default_factory=Teacher)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_spellings(cls, data: Any) -> Any:
+        return lift_shorthands(data)
 
     @field_validator("teacher", mode="before")
     @classmethod
@@ -589,7 +886,22 @@ class Recipe(_Section):
             if parts[-1] not in node:
                 raise RecipeError(f"--set {item!r}: unknown field {key!r}; fields here: {', '.join(node)}")
             node[parts[-1]] = _yaml_value(raw, f"--set {item!r}", hint="; quote text, e.g. name='my run'")
+            if parts == ["model"] and isinstance(node["model"], dict) and "lora" in node["model"]:
+                data.pop("lora", None)  # --set model={name, lora} replaces the lora section it carries
+            try:
+                data = _section_defaults(lift_shorthands(data))
+            except ValueError as err:
+                raise RecipeError(f"--set {item!r}: {err}") from None
         return Recipe.from_dict(data)
+
+
+def _section_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Every section of ``data`` with its missing fields at their defaults (a short spelling such
+    as ``teacher: X`` names one field; the next ``--set`` may name another)."""
+    sections = {name: f.annotation for name, f in Recipe.model_fields.items()
+                if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+    return {key: ({**sections[key]().model_dump(mode="json"), **value} if key in sections and isinstance(value, dict) else value)
+            for key, value in data.items()}
 
 
 def _yaml_value(text: str, where: str, hint: str = "") -> Any:
