@@ -15,7 +15,9 @@ from workbench.core import (
     compute_policy_loss,
 )
 from workbench.engine.events import read_events
-from workbench.engine.lens import lens_advantages, lens_estimators, lens_key, lens_report
+from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig, shape_advantages
+from workbench.core.masked import masked_mean
+from workbench.engine.lens import lens_advantages, lens_estimators, lens_key, lens_report, lens_shaped
 from workbench.engine.trainer import Trainer
 from workbench.recipe import load_recipe
 
@@ -118,6 +120,45 @@ def test_lens_covers_every_registered_estimator_and_grpo_scale():
         ADVANTAGE_ESTIMATORS.unregister("lens_test_constant")
 
 
+def test_shaped_row_is_the_estimator_minus_lambda_times_the_reverse_kl():
+    """OPD on the run's estimator only: A' = A - coef (student - teacher) per token, 0 on padding;
+    the other estimators untouched, the shaped key right after its estimator."""
+    W, logp, mask, rewards = small_policy()
+    adv = lens_advantages(rewards, mask, AdvantageConfig(group_size=G))
+    student = logp.detach()
+    teacher = student - 0.25 * mask  # the teacher finds every sampled token e^-0.25 as likely: d = 0.25
+    shaped = lens_shaped(adv, ["dr_grpo"], student, teacher, mask, DistillationConfig(coef=0.5))
+    keys = list(shaped)
+    assert keys[keys.index("dr_grpo") + 1] == "dr_grpo + opd"
+    assert set(keys) - set(adv) == {"dr_grpo + opd"}
+    assert all(shaped[k] is adv[k] for k in adv)
+    # hand value: dr_grpo's group 0 rewards 1,0,1,0 have mean 0.5, so sequence 0 has A = 0.5; 0.5 - 0.5 x 0.25
+    assert shaped["dr_grpo + opd"][0, 0].item() == pytest.approx(0.375, abs=1e-12)
+    torch.testing.assert_close(shaped["dr_grpo + opd"], (adv["dr_grpo"] - 0.125) * mask, rtol=0, atol=1e-12)
+    # a shaped row is a row like any other: the run's reference when the run stepped with it
+    rows = lens_report(logp, student, shaped, mask, [W], losses=LOSSES, loss_cfg=PolicyLossConfig(),
+                       aggregation="token-mean", norm={"max_len": 5}, run=("dr_grpo + opd", "clip"))
+    rows = {(r["advantage"], r["policy_loss"]): r for r in rows}
+    assert rows[("dr_grpo + opd", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-12)
+    assert rows[("dr_grpo", "clip")]["cos_run"] < 0.9999  # the teacher's term turns the gradient
+
+
+def test_a_shaping_registered_later_joins_the_lens():
+    _, logp, mask, rewards = small_policy()
+    adv = lens_advantages(rewards, mask, AdvantageConfig(group_size=G))
+
+    @ADVANTAGE_SHAPINGS.register("lens_test_halve")
+    def halve(advantages, student_logp, teacher_logp, mask, cfg):
+        return 0.5 * advantages
+
+    try:
+        shaped = lens_shaped(adv, ["grpo"], logp.detach(), logp.detach(), mask, DistillationConfig())
+        assert [k for k in shaped if k.startswith("grpo +")] == ["grpo + opd", "grpo + lens_test_halve"]
+        assert torch.equal(shaped["grpo + lens_test_halve"], 0.5 * adv["grpo"])
+    finally:
+        ADVANTAGE_SHAPINGS.unregister("lens_test_halve")
+
+
 @pytest.fixture(scope="module")
 def lens_run(wb_home, few_problems, tmp_path_factory):
     recipe = load_recipe("dr_grpo", [f"dataset={few_problems}", "train.steps=3", "logging.lens_every=2",
@@ -145,6 +186,9 @@ def test_trainer_emits_lens_events(lens_run):
     # the run's update is AdamW's, not the raw gradient: positively aligned, not parallel
     assert 0.0 < before[("dr_grpo", "clip")]["cos_update"] < 1.0
     assert set(lens["advantages"]) == set(c[0] for c in before)
+    # no teacher: no shaped rows and the payload's fields are the ones it always had
+    assert not [k for k in lens["advantages"] if " + " in k]
+    assert set(lens) == {"kind", "step", "time", "run", "aggregation", "update_norm", "points", "advantages"}
 
 
 def test_lens_gradient_is_the_gradient_the_trainer_stepped_with(lens_run):
@@ -170,3 +214,62 @@ def test_lens_leaves_training_unchanged(lens_run, wb_home, few_problems, tmp_pat
         assert a["reward"] == b["reward"]
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def opd_lens_run(wb_home, few_problems, tmp_path_factory):
+    """Dr. GRPO + OPD (lambda 0.1) against the built-in teacher (built once per home, ~40 s), lens
+    at steps 0 and 2; the trainer is returned so its last step's teacher log-probs can be read."""
+    from workbench.engine.distill import ensure_tiny_teacher
+
+    ensure_tiny_teacher()
+    recipe = load_recipe("dr_grpo", [f"dataset={few_problems}", "train.steps=3", "logging.lens_every=2",
+                                      "logging.diagnostics_every=0", "teacher=tiny-teacher", "teacher.kl_coef=0.1"])
+    run_dir = tmp_path_factory.mktemp("opd-lens")
+    trainer = Trainer(recipe, run_dir)
+    assert trainer.run() == "finished"
+    return trainer, read_events(run_dir)
+
+
+def test_teacher_run_lens_adds_the_shaped_row_from_the_steps_own_teacher_logp(opd_lens_run):
+    trainer, events = opd_lens_run
+    lens = [e for e in events if e["kind"] == "lens"][-1]
+    assert lens["step"] == 2 and lens["run"] == {"advantage": "dr_grpo + opd", "policy_loss": "clip"}
+    assert lens["teacher"] == {"shaping": "opd", "coef": 0.1, "discount": 0.0, "mode": "shaped"}
+    assert [k for k in lens["advantages"] if " + " in k] == ["dr_grpo + opd"]  # the run's estimator only
+    for point in ("before", "after"):
+        combos = {(c["advantage"], c["policy_loss"]) for c in lens["points"][point]}
+        assert {("dr_grpo + opd", loss) for loss in POLICY_LOSSES.names()} <= combos
+        assert {("dr_grpo", loss) for loss in POLICY_LOSSES.names()} <= combos  # the unshaped row stays
+    # exact values: shape_advantages on step 2's own inputs (the teacher log-probs the step scored)
+    d = trainer.distill_inputs
+    assert d["shaping"] == "opd"
+    n = len(lens["advantages"]["dr_grpo"])
+    mask = d["mask"][:n].double()
+    # Dr. GRPO's advantage is one number per sequence, so the logged per-sequence mean is the token value
+    plain = torch.tensor(lens["advantages"]["dr_grpo"], dtype=torch.float64)[:, None] * mask
+    shaped = shape_advantages("opd", plain, d["student_logp"][:n].double(), d["teacher_logp"][:n].double(), mask,
+                              DistillationConfig(coef=0.1))
+    expected = masked_mean(shaped, mask, dim=1)
+    # = A_i - 0.1 x (sequence mean of log pi_theta - log pi_T): the teacher moved every row it scored
+    kl = masked_mean(d["student_logp"][:n].double() - d["teacher_logp"][:n].double(), mask, dim=1)
+    torch.testing.assert_close(expected, plain[:, 0] - 0.1 * kl, rtol=0, atol=1e-12)
+    assert (kl.abs() > 1e-3).all()
+    torch.testing.assert_close(torch.tensor(lens["advantages"]["dr_grpo + opd"], dtype=torch.float64), expected,
+                               rtol=1e-6, atol=1e-6)
+    # and they are the advantages the run trained on (its samples log the first sequences' means)
+    samples = [e for e in events if e["kind"] == "samples" and e["step"] == 2][0]["samples"]
+    for s, value in zip(samples, lens["advantages"]["dr_grpo + opd"]):
+        assert s["advantage"] == pytest.approx(value, abs=1e-6)
+
+
+def test_teacher_run_lens_reference_is_the_shaped_gradient_the_trainer_stepped_with(opd_lens_run):
+    """The run stepped with A - lambda d: its grad_norm is the shaped row's at theta_before, not the
+    unshaped estimator's."""
+    _, events = opd_lens_run
+    metrics = {e["step"]: e["metrics"] for e in events if e["kind"] == "metrics"}
+    for lens in (e for e in events if e["kind"] == "lens"):
+        before = {(c["advantage"], c["policy_loss"]): c for c in lens["points"]["before"]}
+        assert before[("dr_grpo + opd", "clip")]["grad_norm"] == pytest.approx(metrics[lens["step"]]["grad_norm"], rel=1e-4)
+        assert before[("dr_grpo + opd", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-6)
+        assert before[("dr_grpo", "clip")]["grad_norm"] != pytest.approx(metrics[lens["step"]]["grad_norm"], rel=1e-3)

@@ -22,6 +22,14 @@ point), cos(g_k, theta_before - theta_after) (the update actually taken, after t
 clipping, mu passes and minibatches) and the zero-gradient token share. The parameters are back
 at theta_after before training goes on, so the lens never changes a run.
 
+On-policy distillation: when the run has a teacher, the run's own estimator also appears shaped
+by every registered advantage shaping (core.ADVANTAGE_SHAPINGS, e.g. "grpo + opd": A - lambda
+(log pi_theta - log pi_T)), computed from the teacher log-probs the step already scored (the
+teacher is not run again). That shaped row is the run's reference g_run, since it is what the
+run stepped with; the unshaped row beside it shows what the teacher adds. Only the run's own
+estimator is shaped: one more estimator's worth of cost instead of doubling it, and with
+teacher.mode=only every shaped estimator would give the same row anyway.
+
 Left out on purpose: the in-loss KL term, the entropy bonus and the value loss (it compares policy
 gradients), and OPSM masks. Identity the tests check: RLOO = G/(G-1) * Dr. GRPO, so their
 gradients have cosine 1.
@@ -45,12 +53,15 @@ from workbench.core import (
     CRITIC_ESTIMATORS,
     GRPO_SCALES,
     POLICY_LOSSES,
+    ADVANTAGE_SHAPINGS,
     AdvantageConfig,
+    DistillationConfig,
     PolicyLossConfig,
     aggregate_loss,
     compute_advantages,
     compute_policy_loss,
     masked_mean,
+    shape_advantages,
 )
 
 # The names users know for GRPO's std choices (a scale added to core.GRPO_SCALES appears as
@@ -93,6 +104,25 @@ def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageCo
             continue
         out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values,
                                       baselines=baselines).advantages
+    return out
+
+
+def shaped_key(key: str, shaping: str) -> str:
+    """The lens key of estimator ``key`` shaped by ``shaping`` (e.g. 'grpo + opd')."""
+    return f"{key} + {shaping}"
+
+
+def lens_shaped(advantages: Mapping[str, torch.Tensor], keys: Sequence[str], student_logp: torch.Tensor,
+                teacher_logp: torch.Tensor, mask: torch.Tensor, cfg: DistillationConfig) -> dict[str, torch.Tensor]:
+    """``advantages`` with, right after each estimator in ``keys``, that estimator shaped by every
+    registered advantage shaping (read at call time: a shaping registered later joins with no
+    list to edit), on the step's own student / teacher log-probs. (B, T) each; cfg: the run's."""
+    out: dict[str, torch.Tensor] = {}
+    for key, adv in advantages.items():
+        out[key] = adv
+        if key in keys:
+            out.update({shaped_key(key, s): shape_advantages(s, adv, student_logp, teacher_logp, mask, cfg)
+                        for s in ADVANTAGE_SHAPINGS.names()})
     return out
 
 
@@ -219,12 +249,18 @@ class SameBatchLens:
         reduce = (lambda x: acc.reduce(x, reduction="sum")) if tr.world > 1 else (lambda x: x)
         g_values = acc.gather(batch.old_values) if batch.old_values is not None else None
         advantages = lens_advantages(g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values, baselines=g_baselines)
+        run = (lens_key(a.advantage, a.grpo_scale), a.policy_loss)
+        distilled = tr.distill_inputs if tr.teacher is not None else None
+        if distilled is not None:  # the teacher log-probs this step scored: reused, never recomputed
+            advantages = lens_shaped(advantages, [run[0]], distilled["student_logp"], distilled["teacher_logp"],
+                                     distilled["mask"],
+                                     r.distillation_config())
+            run = (shaped_key(run[0], distilled["shaping"]), run[1])  # what the run stepped with
         B = batch.completion_mask.shape[0]
         mine = slice(tr.rank * B, (tr.rank + 1) * B)
         local = {k: v[mine] for k, v in advantages.items()}
         num_tokens, num_seqs = tr._global_counts(batch.loss_mask, batch.completion_mask)
         norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
-        run = (lens_key(a.advantage, a.grpo_scale), a.policy_loss)
         model = acc.unwrap_model(tr.policy)
         kwargs = dict(losses=POLICY_LOSSES.names(), loss_cfg=r.policy_loss_config(), aggregation=a.aggregation,
                       norm=norm, run=run, update=update, reduce=reduce)
@@ -243,8 +279,10 @@ class SameBatchLens:
             vector_to_parameters(after, params)
             self._before = None
         n = min(n_sequences, B)
+        teacher = {} if distilled is None else {"teacher": {"shaping": distilled["shaping"], **vars(r.distillation_config())}}
         return {
             "run": {"advantage": run[0], "policy_loss": run[1]},
+            **teacher,
             "aggregation": a.aggregation,
             "update_norm": float(update.norm()),
             "points": points,

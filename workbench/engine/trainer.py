@@ -256,6 +256,7 @@ class Trainer:
         # on-policy distillation: loaded once, after its tokenizer is checked against the student's
         self.teacher = load_teacher(r, self.tokenizer, device=acc.device) if r.teacher.enabled else None
         self.distill_metrics: dict[str, float] = {}
+        self.distill_inputs: dict | None = None  # this step's shaping and its global inputs (the lens reuses them)
         total_updates = r.train.steps * r.train.mu * r.train.minibatches
         opt = torch.optim.AdamW(trainable_parameters(policy), lr=r.optim.lr, betas=r.optim.betas, weight_decay=r.optim.weight_decay)
         # One scheduler step per optimiser update on every rank. Not passed to acc.prepare: its
@@ -455,7 +456,8 @@ class Trainer:
         teacher_logp = logprobs_and_entropy(self.teacher, out, r.sampling.temperature, False)[0]
         g_student, g_teacher = acc.gather(old_logp), acc.gather(teacher_logp)
         self.distill_metrics = {k: float(v) for k, v in distillation_metrics(g_student, g_teacher, g_mask).items()}
-        return shape_advantages("opd", g_adv, g_student, g_teacher, g_mask, r.distillation_config())
+        self.distill_inputs = {"shaping": "opd", "student_logp": g_student, "teacher_logp": g_teacher, "mask": g_mask}
+        return shape_advantages(self.distill_inputs["shaping"], g_adv, g_student, g_teacher, g_mask, r.distillation_config())
 
     def _global_counts(self, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num_tokens, num_seqs) of these rows summed over ranks (core.batch_normalizers):
