@@ -65,6 +65,18 @@ def lens_heatmap(frame: pd.DataFrame, step: int, metric: str = "cos_run", point:
     return fig
 
 
+def teacher_caption(run_advantage: str, teacher: Mapping) -> str:
+    """What the shaped row of a run with a teacher is. teacher: the lens payload's ``teacher``
+    (shaping, coef, discount, mode); run_advantage: the run's lens key, e.g. 'grpo + opd'."""
+    base = run_advantage.rsplit(" + ", 1)[0]
+    kind = ("A - lambda D" if teacher["mode"] == "shaped" else "-lambda D (mode only: the reward advantage dropped)")
+    future = "= d" if teacher["discount"] == 0 else f"the future sum (discount {teacher['discount']:g})"
+    return (f"This run distils from a teacher: '{run_advantage}' is {base}'s advantage shaped by "
+            f"{teacher['shaping']}, {kind}, with lambda = {teacher['coef']:g} and D {future} of the per-token "
+            f"reverse KL d = log pi_theta - log pi_T, from the teacher log-probs the step scored. It is what the run stepped with, so it is the cosine reference; "
+            f"the '{base}' row beside it shows what the teacher adds.")
+
+
 def lens_events(events: Iterable[Mapping]) -> list[Mapping]:
     """The ``lens`` events among a run's events (as ``read_events`` returns them)."""
     return [e for e in events if e.get("kind") == "lens"]

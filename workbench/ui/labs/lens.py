@@ -30,12 +30,16 @@ def render() -> None:
     run_ids = pick_runs(store, key="lens_run", label="Run", multi=False)
     if not run_ids:
         return
-    frame = viz.lens_frame(store.lens(run_ids[0]))
+    lenses = store.lens(run_ids[0])
+    frame = viz.lens_frame(lenses)
     if not len(frame):
         lens_every = (run_recipe(store, run_ids[0]) or load_recipe("grpo")).logging.lens_every
         st.info("No lens events yet: they appear every logging.lens_every steps while it runs." if lens_every
                 else "This run has no lens events: launch it with logging.lens_every > 0.")
         return
+    teacher = lenses[-1].get("teacher")
+    if teacher:
+        st.caption(viz.teacher_caption(lenses[-1]["run"]["advantage"], teacher))
     c1, c2, c3 = st.columns(3)
     metric = c1.selectbox("Metric", list(viz.LENS_METRICS), format_func=viz.LENS_METRICS.get, key="lens_metric")
     point = c2.radio("Evaluated", list(POINTS), format_func=POINTS.get, key="lens_point")
