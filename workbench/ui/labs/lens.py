@@ -21,8 +21,9 @@ def render() -> None:
     if store is None:
         return
     with st.expander("Launch a short run with the lens on"):
-        st.caption("GRPO, 20 steps, lens every 2 steps. Each lens evaluation costs about 9 training steps on the tiny "
-                   "CPU model (bench/lens_bench.py measured 8.75x), so the lens is off by default.")
+        st.caption("GRPO, 20 steps, lens every 2 steps. Each lens evaluation of this run costs about 9 of its training "
+                   "steps on the tiny CPU model (bench/lens_bench.py measured 8.75x; other recipes differ: 35-57x on the "
+                   "opd preset), so the lens is off by default. Each evaluation's time is logged as perf/lens_time.")
         launched = launch_button([load_recipe("grpo", ["train.steps=20", "train.mu=2", "logging.lens_every=2"])],
                                  key="lens_launch", label="Launch GRPO with the lens")
     if launched:  # show the run just launched, not the one selected before (it has no lens events)
