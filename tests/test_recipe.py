@@ -705,6 +705,24 @@ def test_training_footprint_by_hand():
                           "critic": 16 * 744, "behaviour copy": 0, "vLLM weights": 0, "activations": 96 + 1812 + 400}
 
 
+def test_the_stale_behaviour_costs_the_adapters_under_lora(tmp_path):
+    """train.staleness > 0: full fine-tuning keeps a behaviour copy of the model (4 P bytes); LoRA
+    swaps the stale adapters into the one policy, so the behaviour costs the trained adapters held
+    aside, 4 T. By hand (test above's shape): 4 x 744 and 4 x 16; SmolLM2 (P 134,515,008, all-linear
+    r=16 T 4,884,480) through the recipe: 538,060,032 and 19,537,920 bytes."""
+    from workbench.model_facts import ModelShape, training_footprint
+    from workbench.recipe import memory_footprint
+
+    shape = ModelShape(hidden=8, layers=1, vocab=10, intermediate=16, heads=2, kv_heads=2, head_dim=4, tied=True)
+    assert training_footprint(shape, behaviour_copy=True).parts["behaviour copy"] == 4 * 744
+    assert training_footprint(shape, lora_r=1, lora_targets=["q_proj"], behaviour_copy=True).parts["behaviour copy"] == 4 * 16
+    recipe = Recipe().with_overrides([f"model={_model_dir(tmp_path / 'smollm2', **SMOLLM2_CONFIG)}", "train.staleness=1"])
+    assert memory_footprint(recipe).parts["behaviour copy"] == 538_060_032
+    lora = recipe.with_overrides(["lora.r=16"])
+    assert memory_footprint(lora).parts["behaviour copy"] == 19_537_920
+    assert memory_footprint(lora.with_overrides(["train.staleness=0"])).parts["behaviour copy"] == 0
+
+
 def test_a_recipe_that_does_not_fit_says_so(tmp_path):
     """SmolLM2's shape: full fine-tuning with a reference copy needs more than 1 GiB and less than
     24 GiB; LoRA + gradient checkpointing + bf16 fits in 2 GiB where full fine-tuning does not.

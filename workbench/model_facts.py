@@ -369,8 +369,9 @@ def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str 
     P = all parameters, T = trainable ones (P, or the adapters' with LoRA): weights 4 P (+ 4 T
     adapters), gradients 4 T, AdamW's two moments 8 T; a reference copy 4 P (KL without LoRA;
     LoRA disables its adapters instead); the critic, a copy of the policy's backbone with its own
-    gradients and moments (16 P, or 4 P + 16 T with LoRA); the stale behaviour copy 4 P; vLLM's
-    weights 4 P; activations of one micro-batch (:func:`activation_bytes`).
+    gradients and moments (16 P, or 4 P + 16 T with LoRA); the stale behaviour (train.staleness)
+    4 P, or with LoRA 4 T (the trained adapters held aside while the stale ones sample: one base);
+    vLLM's weights 4 P; activations of one micro-batch (:func:`activation_bytes`).
     """
     P = shape.num_parameters
     T = shape.lora_parameters(lora_r, lora_targets) if lora_r else P
@@ -382,7 +383,7 @@ def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str 
         "Adam states": 2 * FP32_BYTES * T,
         "reference copy": FP32_BYTES * P if reference_copy else 0,
         "critic": critic_bytes if critic else 0,
-        "behaviour copy": FP32_BYTES * P if behaviour_copy else 0,
+        "behaviour copy": FP32_BYTES * T if behaviour_copy else 0,  # T = P without LoRA
         "vLLM weights": FP32_BYTES * P if vllm_copy else 0,
         "activations": activation_bytes(shape, rows, seq, completion, ACTIVATION_BYTES[precision], checkpointing),
     })

@@ -9,7 +9,8 @@ What is proven, with real PEFT, transformers and accelerate on the CPU:
 - checkpoints hold the adapters, and a resume from one equals the uninterrupted run exactly;
   final/ loads with AutoModelForCausalLM (no PEFT) and computes what the trained policy does;
   final_adapter/ loads with PeftModel.from_pretrained onto the base;
-- train.staleness samples with the adapters of k updates ago; PPO's critic trains beside LoRA;
+- train.staleness samples with the adapters of k updates ago, swapped into the policy for the
+  generation (one base in memory, the trained adapters back after it); PPO's critic trains beside LoRA;
 - vLLM samples from the merged weights: its log-probs equal the LoRA policy's after updates;
 - gradient checkpointing recomputes each layer (its forward runs twice per step) and leaves the
   loss and gradients as they were (fp32, measured bit-identical; asserted to 1e-6);
@@ -31,8 +32,8 @@ from tests.engine.test_trainer import metrics_of
 from workbench.engine.checkpoint import FINAL_ADAPTER_DIR, FINAL_DIR, checkpoint_dir
 from workbench.engine.events import EVENTS_FILE
 from workbench.engine.forward import logprobs_and_entropy
-from workbench.engine.models import (adapter_state_dict, apply_lora, is_lora, load_policy, merged_state_dict,
-                                     prepare_policy, trainable_parameters)
+from workbench.engine.models import (adapter_state_dict, adapters_swapped, apply_lora, is_lora, load_policy,
+                                     load_policy_state, merged_state_dict, prepare_policy, trainable_parameters)
 from workbench.engine.trainer import Trainer, parameter_digest
 from workbench.recipe import Lora, load_recipe
 
@@ -154,21 +155,87 @@ def test_checkpoint_holds_adapters_resume_is_exact_and_final_loads_without_peft(
         assert float((final_a(input_ids=ids).logits - base(input_ids=ids).logits).abs().max()) > 1e-3
 
 
-def test_staleness_samples_with_the_adapters_of_k_updates_ago(wb_home, few_problems, tmp_path):
-    """train.staleness=1: after one update the behaviour copy carries the initial adapters, after
-    two the adapters of the first update; its snapshots hold adapter tensors only."""
-    trainer = Trainer(_recipe(few_problems, "train.staleness=1"), tmp_path)
+def test_staleness_keeps_one_base_in_memory(wb_home, few_problems, tmp_path):
+    """LoRA + train.staleness=2: one causal LM in the process after set-up and after steps (the
+    stale behaviour is a set of adapter values swapped into the policy, not a second base), and the
+    policy holds one adapter only (PEFT's 'default')."""
+    before = _live_models()
+    trainer = Trainer(_recipe(few_problems, "train.staleness=2", "train.steps=2"), tmp_path)
     trainer.setup()
+    assert _live_models() - before == 1
+    trainer.step(0)
+    assert _live_models() - before == 1
     policy = trainer.accelerator.unwrap_model(trainer.policy)
-    history = [adapter_state_dict(policy)]
-    history = [{k: v.clone() for k, v in history[0].items()}]
-    for s in range(2):
-        trainer.step(s)
-        history.append({k: v.clone() for k, v in adapter_state_dict(policy).items()})
-        assert set(trainer.snapshots[0]) == set(history[0])
-        behaviour = adapter_state_dict(trainer.generation_model())
-        assert all(torch.equal(behaviour[k], history[s][k]) for k in behaviour)
+    assert list(policy.peft_config) == ["default"] and trainer.behaviour is None
+
+
+def test_staleness_samples_with_the_adapters_of_k_updates_ago(wb_home, few_problems, tmp_path):
+    """train.staleness=1, one update per step: the rollout of step s is exactly (token ids and
+    log-probs, torch.equal) the rollout a staleness-0 trainer makes with the adapters of update
+    max(0, s - 1) loaded; after each rollout the trained adapters are back bit for bit, still
+    requiring grad and still the very tensors the optimiser holds; the snapshots hold adapters only."""
+    stale = Trainer(_recipe(few_problems, "train.staleness=1"), tmp_path / "stale")
+    stale.setup()
+    fresh = Trainer(_recipe(few_problems), tmp_path / "fresh")  # samples with its own current adapters
+    fresh.setup()
+    policy = stale.accelerator.unwrap_model(stale.policy)
+    optimised = [p for group in stale.optimizer.param_groups for p in group["params"]]
+    history = [_adapters(policy)]  # after 0, 1, 2 updates
+    for s in range(3):
+        _, out = stale.rollout(s)
+        assert _adapters(policy).keys() == history[-1].keys() == stale.snapshots[0].keys()
+        assert all(torch.equal(v, history[-1][k]) for k, v in _adapters(policy).items())  # trained ones back
+        assert all(p.requires_grad for p in optimised) and len(optimised) == len(history[-1])
+        assert {id(p) for p in optimised} == {id(p) for p in trainable_parameters(stale.policy)}
+        load_policy_state(fresh.accelerator.unwrap_model(fresh.policy), history[max(0, s - 1)])
+        _, expected = fresh.rollout(s)
+        assert torch.equal(out.completion_ids, expected.completion_ids) and torch.equal(out.rollout_logp, expected.rollout_logp)
+        if s == 2:  # the current adapters would have sampled otherwise: the lag is visible
+            load_policy_state(fresh.accelerator.unwrap_model(fresh.policy), history[2])
+            assert not torch.equal(fresh.rollout(s)[1].rollout_logp, out.rollout_logp)
+        stale.step(s)
+        history.append(_adapters(policy))
     assert any(not torch.equal(history[1][k], history[2][k]) for k in history[1])
+
+
+def test_two_processes_swap_stale_adapters_and_stay_in_sync(wb_home, few_problems, tmp_path):
+    """accelerate launch, 2 CPU processes (DDP around the PEFT policy), LoRA + train.staleness=1,
+    mu 2: the swap in and out of the DDP-wrapped parameters leaves both ranks' parameters identical."""
+    from tests.engine.test_process import launch_two_processes
+
+    run_dir = tmp_path / "ddp"
+    sets = ["train.steps=3", f"dataset={few_problems}", "train.mu=2", "train.staleness=1", *LORA]
+    res = launch_two_processes(wb_home, 29547, "grpo", *[x for s in sets for x in ("--set", s)], "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (run_dir / "params.rank0.sha256").read_text() == (run_dir / "params.rank1.sha256").read_text()
+    assert len(metrics_of(run_dir)) == 3
+
+
+def _adapters(model) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in adapter_state_dict(model).items()}
+
+
+def test_swapped_adapters_come_back_after_an_error(wb_home):
+    """adapters_swapped: inside the block the model computes with the given adapters; after an
+    exception in it the trained ones are back bit for bit, requires_grad as before."""
+    torch.manual_seed(0)
+    model = apply_lora(load_policy("tiny")[0], Lora(r=2, alpha=4.0))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_()
+    trained = _adapters(model)
+    zeros = {k: torch.zeros_like(v) for k, v in trained.items()}  # B = 0: the base's function
+    ids = torch.tensor([[3, 7, 9, 12]])
+    with torch.no_grad():
+        base = model.get_base_model()
+        with model.disable_adapter():
+            expected = base(input_ids=ids).logits
+        with pytest.raises(RuntimeError, match="inside"):
+            with adapters_swapped(model, zeros):
+                assert torch.equal(model(input_ids=ids).logits, expected)
+                raise RuntimeError("inside")
+    assert all(torch.equal(v, trained[k]) for k, v in adapter_state_dict(model).items())
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == list(trained)
 
 
 def test_ppo_critic_trains_beside_lora(wb_home, few_problems, tmp_path):

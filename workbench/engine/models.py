@@ -28,7 +28,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,24 @@ def load_policy_state(model, state: dict[str, Any]) -> None:
     _, unexpected = model.load_state_dict(state, strict=not is_lora(model))
     if unexpected:
         raise ValueError(f"policy state does not fit the model: unexpected {list(unexpected)[:5]}")
+
+
+@contextmanager
+def adapters_swapped(model, state: dict[str, Any]) -> Iterator[Any]:
+    """``model`` (a LoRA one) with its adapter tensors set to ``state``'s (a :func:`policy_state`)
+    for the ``with`` block, its own put back exactly afterwards, also on error.
+
+    How a LoRA run samples with the adapters of k updates ago without a second base: the values
+    are copied in place (load_state_dict, under no_grad), so the Parameters stay the objects the
+    optimiser and DDP hold, keep requires_grad, and only adapter ``ADAPTER`` ever exists. The
+    trained values wait on the model's device meanwhile: T adapter parameters, the stale
+    behaviour's whole cost (its snapshots live on the CPU)."""
+    trained = {k: v.detach().clone() for k, v in adapter_state_dict(model).items()}
+    load_policy_state(model, state)
+    try:
+        yield model
+    finally:
+        load_policy_state(model, trained)
 
 
 def prepare_policy(model, lora, gradient_checkpointing: bool):

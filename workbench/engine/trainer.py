@@ -70,7 +70,7 @@ from workbench.engine.rewards import RewardFunctionError, RewardLogs, compute_re
 from workbench.engine.rollout import ROLLOUT_BACKENDS, concat_rollouts, select_rows, valid_token_lists
 from workbench.engine.evaluation import Evaluator, eval_due
 from workbench.engine.distill import load_teacher
-from workbench.engine.models import (AdapterDisabledReference, apply_lora, load_policy, load_policy_state, policy_state,
+from workbench.engine.models import (AdapterDisabledReference, adapters_swapped, load_policy, load_policy_state, policy_state,
                                      prepare_policy, resolve_model, trainable_parameters)
 from workbench.engine.tasks import load_dataset_rows, resolve_task
 from workbench.recipe import Recipe
@@ -212,7 +212,7 @@ class Trainer:
         self.tokens_seen = 0.0  # completion tokens (perf/tokens)
         self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=recipe.train.staleness + 1)
-        self.behaviour = None  # the stale copy that generates when train.staleness > 0
+        self.behaviour = None  # the stale copy that generates when train.staleness > 0 (full fine-tuning)
         a = recipe.algorithm
         # adaptive entropy control (core.entropy_control): state carried across updates and checkpoints
         self.entropy_control = EntropyControl(a.entropy_target, a.entropy_coef_delta, a.entropy_coef_min,
@@ -277,10 +277,9 @@ class Trainer:
             copt = torch.optim.AdamW(trainable_parameters(critic), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
             self.critic, self.critic_optimizer = acc.prepare(critic, copt)
         if r.train.staleness:
-            self.behaviour, _ = load_policy(r.model, device=acc.device)
-            if r.lora.enabled:  # the same frozen base; the snapshots hold the adapters only
-                self.behaviour = apply_lora(self.behaviour, r.lora)
-            self.behaviour.eval().requires_grad_(False)
+            if not r.lora.enabled:  # LoRA swaps the stale adapters into the policy instead (sampling_model)
+                self.behaviour, _ = load_policy(r.model, device=acc.device)
+                self.behaviour.eval().requires_grad_(False)
             self.snapshot_weights()
         if r.logging.log_with:
             acc.init_trackers(r.name, config=tracker_config(r.to_dict()))
@@ -288,18 +287,31 @@ class Trainer:
     # -- staleness ----------------------------------------------------------------------------
     def snapshot_weights(self) -> None:
         """Keep a CPU copy of the policy's weights (after each update, train.staleness > 0): the
-        deque holds the last k + 1, so its oldest is the policy of k updates ago."""
-        if self.behaviour is not None:
+        deque holds the last k + 1, so its oldest is the policy of k updates ago (LoRA: adapters only)."""
+        if self.recipe.train.staleness:
             self.snapshots.append(policy_state(self.accelerator.unwrap_model(self.policy)))
 
     def generation_model(self):
-        """The policy that samples: the current one, or with train.staleness = k the one of k
+        """The model that samples when it is one of its own: the current policy, or with
+        train.staleness = k under full fine-tuning the behaviour copy loaded with the policy of k
         optimiser updates ago (of the first weights while fewer than k updates have run; a
-        resumed run starts its deque afresh from the resumed weights)."""
+        resumed run starts its deque afresh from the resumed weights). LoRA: see sampling_model."""
         if self.behaviour is None:
             return self.accelerator.unwrap_model(self.policy)
         load_policy_state(self.behaviour, self.snapshots[0])
         return self.behaviour
+
+    @contextmanager
+    def sampling_model(self) -> Iterator[torch.nn.Module]:
+        """The model to sample with for one generation: :meth:`generation_model`, or with LoRA and
+        train.staleness = k the policy itself with the adapters of k updates ago swapped in for
+        the block and its trained adapters back after it (models.adapters_swapped): one base in
+        memory, the optimiser's Parameters untouched in identity and requires_grad."""
+        if self.behaviour is None and self.snapshots:
+            with adapters_swapped(self.accelerator.unwrap_model(self.policy), self.snapshots[0]) as model:
+                yield model
+        else:
+            yield self.generation_model()
 
     # -- one step -----------------------------------------------------------------------------
     def rollout(self, step: int, round_: int = 0):
@@ -310,13 +322,14 @@ class Trainer:
         rows = prompts_for_step(self.rows, step, r.sampling.prompts_per_step, self.rank, self.world,
                                 r.train.seed + round_ * DYNAMIC_ROUND_SEED)
         rows = [row for row in rows for _ in range(G)]  # groups contiguous
-        out = self.rollout_backend.generate(
-            self.generation_model(), self.tokenizer, [row["prompt"] for row in rows],
-            temperature=r.sampling.temperature, top_p=r.sampling.top_p,
-            max_new_tokens=r.sampling.max_completion_length,
-            seed=(r.train.seed * 1_000_003 + step + round_ * DYNAMIC_ROUND_SEED) * self.world + self.rank,
-            system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
-        )
+        with self.sampling_model() as model:
+            out = self.rollout_backend.generate(
+                model, self.tokenizer, [row["prompt"] for row in rows],
+                temperature=r.sampling.temperature, top_p=r.sampling.top_p,
+                max_new_tokens=r.sampling.max_completion_length,
+                seed=(r.train.seed * 1_000_003 + step + round_ * DYNAMIC_ROUND_SEED) * self.world + self.rank,
+                system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
+            )
         return rows, out
 
     def sample(self, step: int):
@@ -368,12 +381,13 @@ class Trainer:
         r = self.recipe
         G = r.sampling.num_generations
         prompt_rows = rows[::G]
-        out = self.rollout_backend.generate(
-            self.generation_model(), self.tokenizer, [row["prompt"] for row in prompt_rows],
-            temperature=0.0, top_p=1.0, max_new_tokens=r.sampling.max_completion_length,
-            seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
-            system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
-        )
+        with self.sampling_model() as model:
+            out = self.rollout_backend.generate(
+                model, self.tokenizer, [row["prompt"] for row in prompt_rows],
+                temperature=0.0, top_p=1.0, max_new_tokens=r.sampling.max_completion_length,
+                seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
+                system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
+            )
         total, _ = self.score(prompt_rows, out, step)
         return total.repeat_interleave(G)
 
