@@ -24,11 +24,10 @@ def lab(url: str) -> AppTest:
     return AppTest.from_string(script, default_timeout=120)
 
 
-@pytest.fixture(scope="module")
-def lab_home(tmp_path_factory, tiny_model_dir):
-    """A workbench home with one real run: GRPO, mu = 2 (so tokens get clipped), 3 steps,
-    diagnostics and the lens every step, launched by workbench.runs on this machine."""
-    home = tmp_path_factory.mktemp("labs")
+def launched_run(tmp_path_factory, tiny_model_dir, name: str, preset: str, overrides: list[str]):
+    """Fixture body: a fresh workbench home (the session's tiny model in it) and one real run of
+    ``preset`` launched by workbench.runs on this machine; yields (store, run_id)."""
+    home = tmp_path_factory.mktemp(name)
     mp = pytest.MonkeyPatch()
     mp.setenv("WORKBENCH_HOME", str(home))
     mp.delenv("WORKBENCH_PASSWORD", raising=False)
@@ -36,15 +35,22 @@ def lab_home(tmp_path_factory, tiny_model_dir):
     from workbench.runs import RunStore, launch, wait
 
     store = RunStore()
-    recipe = load_recipe("grpo", ["train.steps=3", "train.mu=2", "logging.lens_every=1", "logging.diagnostics_every=1",
-                                  "sampling.prompts_per_step=2", "sampling.num_generations=4"])
-    run_id = launch(recipe, target="local", created_by="test", store=store)
+    run_id = launch(load_recipe(preset, overrides), target="local", created_by="test", store=store)
     assert wait(run_id, store=store, timeout_s=600) == "finished", store.get_run(run_id)
     old = config.get_option("server.address")
     config.set_option("server.address", "127.0.0.1")
     yield store, run_id
     config.set_option("server.address", old)
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def lab_home(tmp_path_factory, tiny_model_dir):
+    """A workbench home with one real run: GRPO, mu = 2 (so tokens get clipped), 3 steps,
+    diagnostics and the lens every step, launched by workbench.runs on this machine."""
+    yield from launched_run(tmp_path_factory, tiny_model_dir, "labs", "grpo",
+                            ["train.steps=3", "train.mu=2", "logging.lens_every=1", "logging.diagnostics_every=1",
+                             "sampling.prompts_per_step=2", "sampling.num_generations=4"])
 
 
 def chart(at, key):

@@ -2,34 +2,17 @@
 built-in tiny teacher): the OPD-shaped row of the run's estimator appears in both figures, as the run."""
 
 import pytest
-from streamlit import config
 
-from tests.helpers import home_with_tiny_model
-from tests.ui.test_labs import chart, lab
-from workbench.recipe import load_recipe
+from tests.ui.test_labs import chart, lab, launched_run
 
 
 @pytest.fixture(scope="module")
 def teacher_run(tmp_path_factory, tiny_model_dir):
     """GRPO + OPD (the opd preset), 2 steps, lens every step; the teacher is built inside the run's
     subprocess on first use (~40 s)."""
-    home = tmp_path_factory.mktemp("lens-teacher")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("WORKBENCH_HOME", str(home))
-    mp.delenv("WORKBENCH_PASSWORD", raising=False)
-    home_with_tiny_model(home, tiny_model_dir)
-    from workbench.runs import RunStore, launch, wait
-
-    store = RunStore()
-    recipe = load_recipe("opd", ["train.steps=2", "logging.lens_every=1", "sampling.prompts_per_step=2",
-                                 "sampling.num_generations=4"])
-    run_id = launch(recipe, target="local", created_by="test", store=store)
-    assert wait(run_id, store=store, timeout_s=600) == "finished", store.get_run(run_id)
-    old = config.get_option("server.address")
-    config.set_option("server.address", "127.0.0.1")
-    yield store, run_id
-    config.set_option("server.address", old)
-    mp.undo()
+    yield from launched_run(tmp_path_factory, tiny_model_dir, "lens-teacher", "opd",
+                            ["train.steps=2", "logging.lens_every=1", "sampling.prompts_per_step=2",
+                             "sampling.num_generations=4"])
 
 
 def test_lens_lab_shows_the_opd_shaped_row_of_a_teacher_run(teacher_run):
