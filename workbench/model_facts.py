@@ -207,9 +207,13 @@ class ModelShape:
         """Adapter parameters: r x (in + out) per adapted linear layer (A: in -> r, B: r -> out).
         'all-linear' adapts every linear layer of the decoder (PEFT leaves the output head out);
         a list names modules by their last name component; names this layout lacks add nothing."""
+        return self.layers * r * self.lora_widths(target_modules)
+
+    def lora_widths(self, target_modules: str | Sequence[str]) -> int:
+        """Sum of in + out features of one decoder layer's adapted linear layers (0: none)."""
         shapes = self.linear_shapes()
         names = shapes if target_modules == "all-linear" else [n for n in shapes if n in set(target_modules)]
-        return self.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
+        return sum(shapes[n][0] + shapes[n][1] for n in names)
 
 
 @dataclass(frozen=True)
@@ -344,19 +348,23 @@ def format_bytes(n: float) -> str:
 
 
 def activation_bytes(shape: ModelShape, rows: int, seq: int, completion: int, element_bytes: int,
-                     checkpointing: bool) -> int:
+                     checkpointing: bool, lora_width: int = 0) -> int:
     """Activations kept for the backward pass of one micro-batch (b rows, s tokens, of which the
-    last ``completion`` are scored), a rough upper estimate.
+    last L = ``completion`` are scored), a rough upper estimate.
 
     Per layer (Korthikanti et al. 2022, eager attention): s b h (34 + 5 a s / h) bytes at 2 bytes
-    per element, scaled by element_bytes / 2. With gradient checkpointing only each layer's
-    input (s b h elements) is kept, plus one layer recomputed at a time. Plus the fp32 logits
-    over every position and two fp32 copies over the completion (log-softmax, entropy).
+    per element, scaled by element_bytes / 2; with LoRA, PEFT's adapted layers keep more: + s b w
+    elements, w = ``lora_width`` = the adapted linear layers' in + out features (measured for
+    SmolLM2, all-linear, fp32: +7.8k elements per token and layer, w = 10.2k; bench/memory_bench.py).
+    With gradient checkpointing only each layer's input (s b h elements) is kept, plus one layer
+    recomputed at a time. Plus fp32 logits: 4 b V (2 s + 4 L) bytes, the logits over every
+    position and their gradient (2 s), and the scaled logits, softmax, its product with the
+    logits (entropy) and the log-softmax gradient over the completion (4 L).
     """
     s, b, h, a = seq, rows, shape.hidden, shape.heads
-    layer = s * b * h * (34 + 5 * a * s / h) * element_bytes / 2
+    layer = s * b * (h * (34 + 5 * a * s / h) / 2 + lora_width) * element_bytes
     layers = shape.layers * s * b * h * element_bytes + layer if checkpointing else shape.layers * layer
-    logits = FP32_BYTES * b * shape.vocab * (s + 2 * completion)
+    logits = FP32_BYTES * b * shape.vocab * (2 * s + 4 * completion)
     return int(layers + logits)
 
 
@@ -385,7 +393,8 @@ def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str 
         "critic": critic_bytes if critic else 0,
         "behaviour copy": FP32_BYTES * T if behaviour_copy else 0,  # T = P without LoRA
         "vLLM weights": FP32_BYTES * P if vllm_copy else 0,
-        "activations": activation_bytes(shape, rows, seq, completion, ACTIVATION_BYTES[precision], checkpointing),
+        "activations": activation_bytes(shape, rows, seq, completion, ACTIVATION_BYTES[precision], checkpointing,
+                                        shape.lora_widths(lora_targets) if lora_r else 0),
     })
 
 
