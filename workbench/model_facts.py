@@ -368,10 +368,32 @@ def activation_bytes(shape: ModelShape, rows: int, seq: int, completion: int, el
     return int(layers + logits)
 
 
+def no_grad_pass_bytes(shape: ModelShape, rows: int, seq: int, completion: int, element_bytes: int) -> int:
+    """Peak of the passes without gradients over the whole local batch (b = ``rows`` rows of s
+    tokens, the last L scored): generation's KV cache and the scoring forwards (old / reference /
+    teacher log-probs), which run on the full batch, not a micro-batch.
+
+        KV cache      2 n_layers b s (kv_heads head_dim) e
+        one layer     b s (2 I + 4 h) e                    (MLP gate + up, attention in / out)
+        logits        4 b V (s + 3 L)                      (fp32 logits, log-softmax and entropy over L)
+
+    Measured (bench/memory_bench.py, SmolLM2, LoRA + checkpointing): the process peaks ~0.9 GiB
+    above the kept training activations, as these passes' memory is still held by the allocator
+    (RSS on CPU, PyTorch's cache on a GPU) when training runs; so the footprint adds this term to
+    the activations rather than taking the larger of the two.
+    """
+    b, s, e = rows, seq, element_bytes
+    kv_cache = 2 * shape.layers * b * s * shape.kv_heads * shape.head_dim * e
+    layer = b * s * (2 * shape.intermediate + 4 * shape.hidden) * e
+    logits = FP32_BYTES * b * shape.vocab * (s + 3 * completion)
+    return int(kv_cache + layer + logits)
+
+
 def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str | Sequence[str] = "all-linear",
                        reference_copy: bool = False, critic: bool = False, behaviour_copy: bool = False,
                        vllm_copy: bool = False, rows: int = 1, seq: int = 1, completion: int = 1,
-                       precision: str = "fp32", checkpointing: bool = False) -> TrainingFootprint:
+                       precision: str = "fp32", checkpointing: bool = False,
+                       scoring_rows: int | None = None) -> TrainingFootprint:
     """Memory of one training process, by part (bytes).
 
     P = all parameters, T = trainable ones (P, or the adapters' with LoRA): weights 4 P (+ 4 T
@@ -379,7 +401,9 @@ def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str 
     LoRA disables its adapters instead); the critic, a copy of the policy's backbone with its own
     gradients and moments (16 P, or 4 P + 16 T with LoRA); the stale behaviour (train.staleness)
     4 P, or with LoRA 4 T (the trained adapters held aside while the stale ones sample: one base);
-    vLLM's weights 4 P; activations of one micro-batch (:func:`activation_bytes`).
+    vLLM's weights 4 P; activations of one micro-batch (:func:`activation_bytes`); the passes
+    without gradients over the whole local batch of ``scoring_rows`` rows (default ``rows``;
+    :func:`no_grad_pass_bytes`).
     """
     P = shape.num_parameters
     T = shape.lora_parameters(lora_r, lora_targets) if lora_r else P
@@ -395,6 +419,8 @@ def training_footprint(shape: ModelShape, *, lora_r: int = 0, lora_targets: str 
         "vLLM weights": FP32_BYTES * P if vllm_copy else 0,
         "activations": activation_bytes(shape, rows, seq, completion, ACTIVATION_BYTES[precision], checkpointing,
                                         shape.lora_widths(lora_targets) if lora_r else 0),
+        "rollout and scoring": no_grad_pass_bytes(shape, rows if scoring_rows is None else scoring_rows, seq,
+                                                  completion, ACTIVATION_BYTES[precision]),
     })
 
 

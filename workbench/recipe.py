@@ -713,7 +713,8 @@ def memory_footprint(recipe: Recipe, processes: int = 1, *, on_gpu: bool = False
         reference_copy=recipe.algorithm.uses_reference and not lora.enabled, critic=recipe.algorithm.critic,
         behaviour_copy=t.staleness > 0, vllm_copy=t.rollout == "vllm", rows=rows,
         seq=(s.max_prompt_length or ASSUMED_PROMPT_TOKENS) + s.max_completion_length,
-        completion=s.max_completion_length, precision=t.precision, checkpointing=t.gradient_checkpointing)
+        completion=s.max_completion_length, precision=t.precision, checkpointing=t.gradient_checkpointing,
+        scoring_rows=max(1, recipe.batch_size // processes))
     teacher = model_facts(recipe.teacher.model) if recipe.teacher.enabled else None
     if teacher is not None and teacher.shape is not None:  # on-policy distillation: fp32, no gradients
         footprint.parts["teacher"] = 4 * teacher.shape.num_parameters
