@@ -57,6 +57,7 @@ bench: $(VENV)/.stamp-dev $(VENV)/.stamp-bench
 	$(BIN)/python bench/ui_bench.py
 	$(BIN)/python bench/ingest_bench.py
 	$(BIN)/python bench/lens_bench.py
+	$(BIN)/python bench/memory_bench.py
 	$(BIN)/python bench/learning_bench.py
 	$(BIN)/python bench/learning_vs_trl.py
 
