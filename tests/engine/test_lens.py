@@ -159,14 +159,18 @@ def test_a_shaping_registered_later_joins_the_lens():
         ADVANTAGE_SHAPINGS.unregister("lens_test_halve")
 
 
-@pytest.fixture(scope="module")
-def lens_run(wb_home, few_problems, tmp_path_factory):
+def dr_grpo_lens_run(few_problems, run_dir, *overrides):
+    """Dr. GRPO, 3 steps, lens at steps 0 and 2, regular diagnostics off: (trainer, events)."""
     recipe = load_recipe("dr_grpo", [f"dataset={few_problems}", "train.steps=3", "logging.lens_every=2",
-                                      "logging.diagnostics_every=0"])
-    run_dir = tmp_path_factory.mktemp("lens")
+                                      "logging.diagnostics_every=0", *overrides])
     trainer = Trainer(recipe, run_dir)
     assert trainer.run() == "finished"
     return trainer, read_events(run_dir)
+
+
+@pytest.fixture(scope="module")
+def lens_run(wb_home, few_problems, tmp_path_factory):
+    return dr_grpo_lens_run(few_problems, tmp_path_factory.mktemp("lens"))
 
 
 def test_trainer_emits_lens_events(lens_run):
@@ -223,12 +227,7 @@ def opd_lens_run(wb_home, few_problems, tmp_path_factory):
     from workbench.engine.distill import ensure_tiny_teacher
 
     ensure_tiny_teacher()
-    recipe = load_recipe("dr_grpo", [f"dataset={few_problems}", "train.steps=3", "logging.lens_every=2",
-                                      "logging.diagnostics_every=0", "teacher=tiny-teacher", "teacher.kl_coef=0.1"])
-    run_dir = tmp_path_factory.mktemp("opd-lens")
-    trainer = Trainer(recipe, run_dir)
-    assert trainer.run() == "finished"
-    return trainer, read_events(run_dir)
+    return dr_grpo_lens_run(few_problems, tmp_path_factory.mktemp("opd-lens"), "teacher=tiny-teacher", "teacher.kl_coef=0.1")
 
 
 def test_teacher_run_lens_adds_the_shaped_row_from_the_steps_own_teacher_logp(opd_lens_run):
