@@ -521,3 +521,4 @@ def test_opd_walkthrough_example_is_the_core_shaping(home):
     table = next(d.value for d in at.dataframe if "A'_t" in d.value.columns)
     # defaults: A = 1; d = [-0.1, -1.8, 2.9, 0] -> A' = 1 - 0.1 d
     assert table["A'_t"].tolist() == pytest.approx([1.01, 1.18, 0.71, 1.0])
+    assert table["d_t"].tolist() == pytest.approx([-0.1, -1.8, 2.9, 0.0])  # core's reverse_kl_per_token

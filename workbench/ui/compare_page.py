@@ -28,8 +28,8 @@ STATUS_EVERY_S = 1.0
 CHARTS_EVERY_S = 5.0
 COLUMNS = 2
 VIEWS = ("per run", "arms")
-DEFAULT_WINDOW = 0.1
-MAX_ALL_PAIRS = 4  # arms up to which the verdict compares every pair by default  # the verdict's final window: the last 10% of each run's logged steps
+DEFAULT_WINDOW = 0.1  # the verdict's final window: the last 10% of each run's logged steps
+MAX_ALL_PAIRS = 4  # arms up to which the verdict compares every pair by default
 
 
 def _selection(runs) -> list[str]:

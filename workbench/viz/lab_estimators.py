@@ -278,7 +278,7 @@ def shaping_example(name: str, advantages: Sequence[float], student_logp: Sequen
                     cfg) -> pd.DataFrame:
     """One completion's tokens: the estimator's A_t, both log-probs, d_t and the shaped A'_t, computed
     by the registered shaping (core.distillation.shape_advantages). ValueError for lengths that differ."""
-    from workbench.core import shape_advantages
+    from workbench.core.distillation import reverse_kl_per_token, shape_advantages
 
     n = len(advantages)
     if not (len(student_logp) == len(teacher_logp) == n):
@@ -287,6 +287,8 @@ def shaping_example(name: str, advantages: Sequence[float], student_logp: Sequen
     if any(v > 0 for v in (*student_logp, *teacher_logp)):
         raise ValueError("log-probs must be <= 0 (log of a probability)")
     a, s, t = (torch.tensor([list(v)], dtype=torch.float64) for v in (advantages, student_logp, teacher_logp))
-    shaped = shape_advantages(name, a, s, t, torch.ones_like(a), cfg)
+    mask = torch.ones_like(a)
+    shaped = shape_advantages(name, a, s, t, mask, cfg)
+    d = reverse_kl_per_token(s, t, mask)  # the d_t the shaping used, from core: not re-derived here
     return pd.DataFrame({"token": list(range(n)), "A_t": a[0].tolist(), "log pi_theta": s[0].tolist(),
-                         "log pi_T": t[0].tolist(), "d_t": (s - t)[0].tolist(), "A'_t": shaped[0].tolist()})
+                         "log pi_T": t[0].tolist(), "d_t": d[0].tolist(), "A'_t": shaped[0].tolist()})
