@@ -762,6 +762,18 @@ def test_a_teacher_is_counted_in_the_memory_estimate(tmp_path, monkeypatch):
     assert memory_footprint(with_teacher).parts["teacher"] == 4 * 134_515_008
 
 
+def test_the_readmes_smollm2_estimates(tmp_path):
+    """README "Bigger models": SmolLM2-135M with the grpo preset is estimated at 11.5 GiB for full
+    fine-tuning with a reference copy and 3.6 GiB with lora.r=16 + checkpointing + bf16."""
+    from workbench.recipe import memory_footprint
+
+    model = _model_dir(tmp_path / "smollm2", **SMOLLM2_CONFIG)
+    full = load_recipe("grpo", [f"model={model}", "algorithm.kl_coef=0.04"])
+    small = load_recipe("grpo", [f"model={model}", "lora.r=16", "train.gradient_checkpointing=true", "train.precision=bf16"])
+    assert round(memory_footprint(full).total / 2**30, 1) == 11.5
+    assert round(memory_footprint(small).total / 2**30, 1) == 3.6
+
+
 def test_a_hostile_model_is_refused_before_the_run_starts_without_torch(tmp_path):
     """A local config.json of ~1.3 trillion parameters (no weights at all): `train` exits 2 with one
     line naming the estimate and this machine's RAM, leaves no run directory, and never imports
