@@ -64,8 +64,8 @@ class RewardLogs:
 
     extra: column -> B values (the completions' order), shown as columns of the step's samples
         (TRL: columns of the completions table). A column logged twice in a batch keeps the last.
-    metrics: name -> the values logged; the step's metric ``name`` is their mean (TRL averages
-        the values of a step over ranks and calls: sum / count).
+    metrics: name -> the values logged; the step's metric ``name`` is their mean over every rank
+        (TRL: sum / count; reduced by the trainer, Trainer._reward_logged_metrics).
     """
 
     def __init__(self, batch_size: int) -> None:
@@ -98,10 +98,6 @@ class RewardLogs:
             self.metrics.setdefault(name, []).append(number)
 
         return {"log_extra": log_extra, "log_metric": log_metric}
-
-    def step_metrics(self) -> dict[str, float]:
-        """name -> mean of the values logged (TRL's total / count)."""
-        return {name: sum(values) / len(values) for name, values in self.metrics.items()}
 
 
 def _accepts_logging(fn: RewardFn) -> bool:

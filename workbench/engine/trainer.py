@@ -453,9 +453,7 @@ class Trainer:
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
         is_weights = None
         if correct:  # w = pi_old / pi_rollout per token or sequence, bounded (core.rollout_correction)
-            level, mode = a.rollout_correction.split("_")
-            is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, level=level, mode=mode,
-                                               clip_min=a.rollout_correction_min, clip_max=a.rollout_correction_max)
+            is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, **correction_settings(a))
         batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
                           out.rollout_logp if a.off_policy_mask_threshold is not None else None)
@@ -731,11 +729,8 @@ class Trainer:
         per token) and ``sampling/importance_sampling_ratio/{min,mean,max}`` (the weights
         rollout_correction applies; with it off, the raw token ratios pi_old / pi_rollout).
         Over ranks: the mean of the ranks' means, the min / max of their min / max."""
-        a = self.recipe.algorithm
-        level, mode = a.rollout_correction.split("_") if a.rollout_correction != "none" else ("token", "truncate")
-        bounds = (a.rollout_correction_min, a.rollout_correction_max) if a.rollout_correction != "none" else (None, None)
-        _, stats = rollout_correction(trainer_logp, out.rollout_logp, out.completion_mask, level=level, mode=mode,
-                                      clip_min=bounds[0], clip_max=bounds[1])
+        _, stats = rollout_correction(trainer_logp, out.rollout_logp, out.completion_mask,
+                                      **correction_settings(self.recipe.algorithm))
         if self.world > 1:
             stats = {k: self._reduce(v, k.rsplit("/", 1)[1]) for k, v in stats.items()}
         return {k: float(v) for k, v in stats.items()}
@@ -829,6 +824,15 @@ class Trainer:
                     self.accelerator.end_training()
                 self.events.close()
         return status
+
+
+def correction_settings(a) -> dict[str, Any]:
+    """core.rollout_correction's keywords for ``algorithm.rollout_correction`` ("{level}_{mode}"
+    and its bounds); with it "none", unbounded token ratios (what the sampling metrics log)."""
+    if a.rollout_correction == "none":
+        return {"level": "token", "mode": "truncate", "clip_min": None, "clip_max": None}
+    level, mode = a.rollout_correction.split("_")
+    return {"level": level, "mode": mode, "clip_min": a.rollout_correction_min, "clip_max": a.rollout_correction_max}
 
 
 def _select_logged_columns(logs: list[RewardLogs], idx: list[int]) -> RewardLogs:
