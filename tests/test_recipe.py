@@ -554,6 +554,9 @@ def test_the_torch_free_names_are_the_registries_names():
     assert choices.POLICY_LOSS_NAMES == POLICY_LOSSES.names()
     assert choices.AGGREGATION_NAMES == LOSS_AGGREGATIONS.names()
     assert choices.KL_ESTIMATOR_NAMES == KL_ESTIMATORS.names()
+    from workbench.core.distillation import ADVANTAGE_SHAPINGS
+
+    assert choices.SHAPING_NAMES == ADVANTAGE_SHAPINGS.names()
     assert choices.GROUP_ESTIMATORS | choices.TOKEN_LEVEL_ESTIMATORS | choices.CRITIC_ESTIMATORS <= set(ADVANTAGE_ESTIMATORS.names())
 
 
