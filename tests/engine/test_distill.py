@@ -30,7 +30,9 @@ def test_built_in_teacher_is_a_longer_trained_tiny_model(tiny_teacher):
 
     facts = json.loads((tiny_teacher / TEACHER_MARKER).read_text())
     assert facts["recipe"]["name"] == "tiny-teacher" and facts["recipe"]["train"]["steps"] == 150
-    # exact match pays 1 and the format 0.2: the teacher answers the four problems nearly always
+    # exact match pays 1 and the format 0.2: the teacher answers the four problems nearly always.
+    # The build is seed 0; the same 150 steps on seeds 1-3 end at 1.197 / 1.182 / 1.200 from
+    # 0.29 / 0.39 / 0.30 (first 10 steps), so the bars below do not hang on seed 0's floats.
     assert facts["reward_last_10"] > 1.0 > facts["reward_first_10"] + 0.5
     assert ensure_tiny_teacher() == tiny_teacher  # cached: a second call builds nothing
 
