@@ -579,6 +579,16 @@ def test_the_torch_free_names_are_the_registries_names():
     ("algorithm.cov_seed=100000000000000000000000", ["algorithm.cov_seed=", "less than or equal to 4294967295"]),
     ("sampling.max_completion_length=10000000", ["sampling.max_completion_length=10000000", "at most 255", "256 positions"]),
     ("sampling.max_completion_length=256", ["sampling.max_completion_length=256", "at most 255"]),
+    # loss coefficients: 1e300 is finite but makes the loss nan at step 0, after the run dir exists
+    ("teacher.kl_coef=1e308", ["teacher.kl_coef='1e30", "less than or equal to 1000"]),
+    ("algorithm.kl_coef=1e300", ["algorithm.kl_coef='1e30", "less than or equal to 1000"]),
+    ("algorithm.kl_cov_coef=1e300", ["algorithm.kl_cov_coef='1e30", "less than or equal to 1000"]),
+    ("algorithm.entropy_coef=1e300", ["algorithm.entropy_coef='1e30", "less than or equal to 1000"]),
+    ("algorithm.entropy_coef_delta=1e300", ["algorithm.entropy_coef_delta='1e30", "less than or equal to 1000"]),
+    ("algorithm.entropy_coef_min=1e300", ["algorithm.entropy_coef_min='1e30", "less than or equal to 1000"]),
+    ("algorithm.entropy_coef_max=1e300", ["algorithm.entropy_coef_max='1e30", "less than or equal to 1000"]),
+    ("algorithm.vf_coef=1e300", ["algorithm.vf_coef='1e30", "less than or equal to 1000"]),
+    ("lora.alpha=1e300", ["lora.alpha='1e30", "less than or equal to 65536"]),
 ])
 def test_non_finite_booleans_and_out_of_bounds_are_refused(item, patterns):
     raises(lambda: Recipe().with_overrides([item]), *patterns)
@@ -588,6 +598,8 @@ def test_booleans_stay_booleans_and_numbers_at_their_bounds_pass():
     recipe = Recipe().with_overrides(["algorithm.whiten_advantages=true", "sampling.max_completion_length=255",
                                       "sampling.num_generations=1024", "sampling.prompts_per_step=64", "train.mu=64"])
     assert recipe.algorithm.whiten_advantages is True and recipe.sampling.max_completion_length == 255
+    at_bounds = Recipe().with_overrides(["teacher.kl_coef=1000", "algorithm.entropy_coef_max=1000", "lora.alpha=65536"])
+    assert (at_bounds.teacher.kl_coef, at_bounds.algorithm.entropy_coef_max, at_bounds.lora.alpha) == (1000, 1000, 65536)
     raises(lambda: Recipe().with_overrides(["sampling.prompts_per_step=4096", "sampling.num_generations=1024"]),
            "4096 x 1024 = 4194304 completions per step: at most 65536")
 

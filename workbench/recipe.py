@@ -70,6 +70,10 @@ MAX_LOGGED_ROWS = 4096  # samples / diagnostics sequences per step
 MAX_SEED = 2**32 - 1  # numpy's limit
 MAX_STALENESS = 64  # train.staleness: k + 1 CPU copies of the policy are kept
 MAX_LORA_RANK = 4096  # lora.r: above any adapter in use (typical 8-256)
+MAX_LORA_ALPHA = 16 * MAX_LORA_RANK  # lora.alpha: alpha / r scales the update (typical alpha = r to 2r)
+# Loss coefficients (beta, entropy, KL-Cov, value, teacher lambda): TRL / verl / slime use 1e-3 to 1;
+# 1e300 is finite but turns the loss nan at the first step, after the run directory exists.
+MAX_COEF = 1000.0
 
 MAX_EVAL_PROMPTS = 4096
 #: Tasks named ``reasoning_gym/<dataset>`` come from PyPI reasoning-gym (engine/reasoning.py).
@@ -159,29 +163,29 @@ class Algorithm(_Section):
     """Clip-Cov upper covariance bound (verl 5.0)."""
     kl_cov_ratio: float = Field(2e-4, gt=0, le=1)
     """KL-Cov: fraction of tokens with the highest covariance that get the |log ratio| penalty (verl 2e-4)."""
-    kl_cov_coef: float = Field(1.0, ge=0)
+    kl_cov_coef: float = Field(1.0, ge=0, le=MAX_COEF)
     """KL-Cov penalty coefficient (verl ppo_kl_coef 1.0)."""
     cov_seed: int | None = Field(None, ge=0, le=MAX_SEED)
     """Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); an int = a fixed seed."""
     aggregation: str = "seq-mean-token-mean"
     """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: TRL, verl >= 0.9), token-sum-norm (verl < 0.9's Dr. GRPO: / L_max only)."""
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0, le=MAX_COEF)
     """beta. 0 = no KL and no reference model loaded (saves memory and a forward pass)."""
     kl_estimator: str = "k3"
     """k1 (unbiased, noisy), k2 (biased, low variance), k3 (unbiased, >= 0; GRPO's choice)."""
     kl_placement: str = "in_loss"
     """in_loss (GRPO: beta*KL added per token) or in_reward (PPO/RLOO/REINFORCE++: reward shaped first)."""
-    entropy_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0, le=MAX_COEF)
     """Entropy bonus coefficient (against entropy collapse); 0 in TRL and verl by default. With use_adaptive_entropy, the coefficient's start value."""
     use_adaptive_entropy: bool = False
     """Adaptive entropy control (Skywork-OR1; TRL use_adaptive_entropy): after each optimiser update the coefficient moves by entropy_coef_delta, up while the update's mean loss-token entropy is <= entropy_target and down otherwise, within [entropy_coef_min, entropy_coef_max]; the bonus applies only while entropy is <= entropy_target. Logged as entropy_coef."""
     entropy_target: float = Field(0.2, ge=0)
     """Target mean per-token entropy in nats (TRL 0.2, Skywork-OR1 0.2); set it near the entropy of the first steps."""
-    entropy_coef_delta: float = Field(0.005, ge=0)
+    entropy_coef_delta: float = Field(0.005, ge=0, le=MAX_COEF)
     """Step of the adaptive coefficient per optimiser update (TRL 0.005; Skywork-OR1 1e-4)."""
-    entropy_coef_min: float = Field(0.0, ge=0)
+    entropy_coef_min: float = Field(0.0, ge=0, le=MAX_COEF)
     """Lower bound of the adaptive coefficient (TRL 0.0)."""
-    entropy_coef_max: float = Field(1.0, ge=0)
+    entropy_coef_max: float = Field(1.0, ge=0, le=MAX_COEF)
     """Upper bound of the adaptive coefficient (TRL 1.0; Skywork-OR1 5e-3)."""
     opsm_delta: float | None = None
     """Off-policy sequence masking (slime): drop A<0 sequences whose mean drift mean_t(old_logp - logp) exceeds delta (old_logp: the trainer's own log-probs of the behaviour policy)."""
@@ -207,7 +211,7 @@ class Algorithm(_Section):
     """GAE lambda: lower = less variance, more bias from the critic (PPO for LMs ~0.95)."""
     value_clip: float | None = 0.2
     """PPO value clipping range around the old values (None = off)."""
-    vf_coef: float = Field(0.5, ge=0)
+    vf_coef: float = Field(0.5, ge=0, le=MAX_COEF)
     """Scale of the critic's gradient. The critic is a separate model with its own AdamW, so unlike shared-backbone PPO nothing is traded against the policy loss: Adam ignores a constant gradient scale, and vf_coef only changes where the critic's own gradient clipping (optim.max_grad_norm) starts to bite. loss/value is logged unscaled. Kept for parity with TRL / verl PPO configs."""
 
     @field_validator(*[name for name in _NAMED_CHOICES])
@@ -350,7 +354,7 @@ class Lora(_Section):
 
     r: int = Field(0, ge=0, le=MAX_LORA_RANK)
     """Adapter rank; 0 = off (full fine-tuning). Typical 8-64 (TRL's ModelConfig lora_r 16)."""
-    alpha: float = Field(32.0, gt=0)
+    alpha: float = Field(32.0, gt=0, le=MAX_LORA_ALPHA)
     """lora_alpha: the adapter's update B @ A is scaled by alpha / r (TRL's ModelConfig 32)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter's input (PEFT lora_dropout, default 0). > 0 runs the policy's forward passes in training mode, so old and new log-probs see different dropout masks."""
@@ -418,7 +422,7 @@ class Teacher(_Section):
 
     model: str | None = None
     """Teacher model (None = no distillation): tiny-teacher (the built-in tiny model trained longer by the grpo preset, built on first use), a run's final/ directory or another model directory inside the workbench home, or a hub id. It must share the student's tokenizer (checked before training)."""
-    kl_coef: float = Field(1.0, ge=0)
+    kl_coef: float = Field(1.0, ge=0, le=MAX_COEF)
     """lambda: weight of the teacher's reverse KL in the advantage (slime --opd-kl-coef, tinker kl_penalty_coef; both 1.0). In nats per token, added after the estimator (and its whitening)."""
     kl_discount: float = Field(0.0, ge=0, le=1)
     """gamma of the KL's discounted future sum, D_t = sum_{k>=t} gamma^(k-t) d_k (tinker kl_discount_factor). 0 = per token (slime, and tinker's default)."""

@@ -87,7 +87,7 @@ def _paper_check(frame: pd.DataFrame, experiment: Experiment, live: bool) -> Non
     """One line: does the table show the direction the paper reports?"""
     outcome = paper_direction(frame, experiment)
     expect = experiment.expect
-    claim = f"`{expect.higher}` > `{expect.lower}` on `{expect.metric}`"
+    claim = f"`{expect.higher}` > `{expect.lower}` on `{experiment.metric}`"
     if outcome is None:
         return
     if live:
