@@ -821,3 +821,18 @@ def test_a_set_after_a_short_spelling_finds_its_section():
     r = Recipe().with_overrides(["model={name: tiny, lora: {r: 4}}", "lora.alpha=8"])
     assert (r.model, r.lora.r, r.lora.alpha) == ("tiny", 4, 8)
     raises(lambda: Recipe().with_overrides(["model={lora: {r: 4}}"]), "--set 'model={lora: {r: 4}}'", "a mapping needs name")
+
+
+def test_an_unknown_lora_target_is_refused_before_a_run_directory_exists(tmp_path):
+    """PEFT would raise only after the run directory exists; the recipe knows the Llama layout's
+    linear layers (tiny, SmolLM2, any model whose shape it reads) and refuses first: one line,
+    exit 2, nothing left behind."""
+    from tests.test_cli import assert_one_line_error, cli, leftovers
+
+    raises(lambda: Recipe().with_overrides(["lora.r=8", "lora.target_modules=[q_proj, nope]"]),
+           "lora.target_modules=['q_proj', 'nope']", "'nope' is not a linear layer", "allowed: all-linear")
+    assert Recipe().with_overrides(["lora.target_modules=[nope]"]).lora.target_modules == ["nope"]  # LoRA off: unused
+    home = tmp_path / "home"
+    res = cli(home, "train", "grpo", "--set", "lora.r=8", "--set", "lora.target_modules=[../x]")
+    assert_one_line_error(res, "lora.target_modules", "is not a linear layer")
+    assert leftovers(home) == []

@@ -148,6 +148,11 @@ def _cached_hub_dir(model: str) -> Path | None:
 # --------------------------------------------------------------------------------------------
 
 
+#: The linear layers of one Llama-layout decoder layer (the tiny model, SmolLM2 and every shape
+#: ModelShape reads): the names ``lora.target_modules`` can list for them.
+LLAMA_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """A Llama-family decoder's dimensions, read from config.json (Llama, Mistral, Qwen2, SmolLM2).
@@ -188,8 +193,9 @@ class ModelShape:
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each linear layer of one decoder layer, by its module name."""
         H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
-                "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+        shapes = {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+                  "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+        return {name: shapes[name] for name in LLAMA_LINEAR_MODULES}
 
     @property
     def num_parameters(self) -> int:

@@ -40,8 +40,8 @@ from workbench.core.choices import (
 )
 from workbench.core.registry import check_choice
 from workbench.home import confined_path, workbench_home
-from workbench.model_facts import (ASSUMED_PROMPT_TOKENS, TINY_MAX_POSITIONS, TINY_MODEL, VLLM_CPU_KVCACHE_GIB,
-                                   VLLM_GPU_MEMORY_UTILIZATION, TrainingFootprint, builtin_model_names, format_bytes,
+from workbench.model_facts import (ASSUMED_PROMPT_TOKENS, LLAMA_LINEAR_MODULES, TINY_MAX_POSITIONS, TINY_MODEL,
+                                   VLLM_CPU_KVCACHE_GIB, VLLM_GPU_MEMORY_UTILIZATION, TrainingFootprint, builtin_model_names, format_bytes,
                                    gpu_memory_bytes, host_memory_bytes, model_facts, training_footprint)
 
 if TYPE_CHECKING:
@@ -665,6 +665,12 @@ def _check_model(recipe: "Recipe") -> None:
         raise ValueError(
             f"sampling.max_completion_length={s.max_completion_length}: at most {MAX_COMPLETION_LENGTH} "
             f"(the context of model {model!r} is not known before it loads)")
+    targets = recipe.lora.target_modules
+    llama_layout = model == TINY_MODEL or (facts is not None and facts.shape is not None)  # other layouts: PEFT checks
+    unknown = sorted(set(targets) - set(LLAMA_LINEAR_MODULES)) if targets != "all-linear" else []
+    if recipe.lora.enabled and llama_layout and unknown:
+        raise ValueError(f"lora.target_modules={targets}: {unknown[0]!r} is not a linear layer of model {model!r}; "
+                         f"allowed: all-linear or names among {', '.join(LLAMA_LINEAR_MODULES)}")
     templated = conversational_task(recipe) or recipe.system_prompt is not None
     if facts is not None and templated and not facts.has_chat_template:
         what = "system_prompt" if recipe.system_prompt is not None else f"task={recipe.task!r} (conversational prompts)"
