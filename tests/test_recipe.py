@@ -589,6 +589,11 @@ def test_the_torch_free_names_are_the_registries_names():
     ("algorithm.entropy_coef_max=1e300", ["algorithm.entropy_coef_max='1e30", "less than or equal to 1000"]),
     ("algorithm.vf_coef=1e300", ["algorithm.vf_coef='1e30", "less than or equal to 1000"]),
     ("lora.alpha=1e300", ["lora.alpha='1e30", "less than or equal to 65536"]),
+    ("optim.lr=1e30", ["optim.lr='1e30", "less than or equal to 1"]),
+    ("optim.critic_lr=-1", ["optim.critic_lr=-1", "greater than 0"]),
+    ("optim.critic_lr=5", ["optim.critic_lr=5", "less than or equal to 1"]),
+    ("sampling.temperature=1000", ["sampling.temperature=1000", "less than or equal to 10"]),
+    ("eval.temperature=1000", ["eval.temperature=1000", "less than or equal to 10"]),
 ])
 def test_non_finite_booleans_and_out_of_bounds_are_refused(item, patterns):
     raises(lambda: Recipe().with_overrides([item]), *patterns)

@@ -74,6 +74,8 @@ MAX_LORA_ALPHA = 16 * MAX_LORA_RANK  # lora.alpha: alpha / r scales the update (
 # Loss coefficients (beta, entropy, KL-Cov, value, teacher lambda): TRL / verl / slime use 1e-3 to 1;
 # 1e300 is finite but turns the loss nan at the first step, after the run directory exists.
 MAX_COEF = 1000.0
+MAX_LR = 1.0  # optim.lr / critic_lr: AdamW steps of ~lr per parameter; LM RL uses 1e-7 to 1e-3
+MAX_TEMPERATURE = 10.0  # sampling / eval temperature: above ~2 the samples are already near uniform
 
 MAX_EVAL_PROMPTS = 4096
 #: Tasks named ``reasoning_gym/<dataset>`` come from PyPI reasoning-gym (engine/reasoning.py).
@@ -259,7 +261,7 @@ class Sampling(_Section):
     """G completions per prompt. Group baselines need G >= 2; larger G = better baselines, more compute."""
     prompts_per_step: int = Field(4, ge=1, le=MAX_PROMPTS_PER_STEP)
     """Prompts per step; the batch is prompts_per_step x G completions."""
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=MAX_TEMPERATURE)
     """Sampling temperature (log-probs are computed at the same temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
@@ -276,9 +278,9 @@ class Sampling(_Section):
 class Optim(_Section):
     """Optimiser (AdamW) and schedule."""
 
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-3, gt=0, le=MAX_LR)
     """Policy learning rate (the tiny model likes 1e-3; billion-parameter models ~1e-6)."""
-    critic_lr: float | None = None
+    critic_lr: float | None = Field(None, gt=0, le=MAX_LR)
     """Critic learning rate (default: lr)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """LR schedule after warm-up."""
@@ -382,7 +384,7 @@ class Eval(_Section):
     """Held-out prompts: reasoning-gym's eval split, prompts of a built-in task that training never sees, or the first rows of eval.dataset."""
     pass_k: int = Field(4, ge=1, le=MAX_GENERATIONS)
     """k of pass@k: k completions per prompt at eval.temperature; correct if any is (the greedy completion gives pass@1)."""
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=MAX_TEMPERATURE)
     """Sampling temperature of the pass@k completions (greedy decoding for pass@1). Completions are at most sampling.max_completion_length tokens."""
     dataset: str | None = None
     """JSONL / CSV / saved datasets dir of held-out prompts; required to evaluate a run whose prompts come from `dataset`."""
