@@ -368,7 +368,10 @@ COV_NOISE_ULPS = 64
 
 
 def _centred(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x - masked mean of x over the valid tokens, with rounding noise (``COV_NOISE_ULPS``) set to 0."""
+    """x - masked mean of x over the valid tokens, with rounding noise (``COV_NOISE_ULPS``) set to 0.
+    Half-precision inputs are centred in float32 (64 bf16 ulps would be half the scale)."""
+    if torch.finfo(x.dtype).bits < 32:
+        x = x.float()
     dev = x - masked_mean(x, mask)
     scale = torch.where(mask > 0, x.abs(), torch.zeros_like(x)).amax() if x.numel() else x.new_zeros(())
     noise = COV_NOISE_ULPS * torch.finfo(x.dtype).eps * scale
@@ -415,7 +418,8 @@ def clip_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig
         loss_t = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) * (1 - selected_t)
 
     The draw uses ``cfg.cov_seed`` (see PolicyLossConfig) over the valid tokens in row-major
-    order, so it does not depend on padding. Statistics are over the tokens of this call (as in
+    order, so it does not depend on padding; nor does the band test at an edge of 0, since a
+    covariance within rounding noise is exactly 0 (``COV_NOISE_ULPS``). Statistics are over the tokens of this call (as in
     verl: per micro-batch). ``clip_cov/selected_mean`` = fraction of valid tokens drawn.
     """
     plain = replace(cfg, clip_c=None, delta=None)
