@@ -1,8 +1,20 @@
 """Fixtures shared by every test package: one tiny-model build per session, copied into fresh homes."""
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from tests.helpers import home_with_tiny_model
+
+# Hypothesis: under CI (the env var CI set to anything, as CI services and `CI=true make test` do;
+# hypothesis uses the same rule) every run draws the same examples (derandomize), so a red build is
+# reproducible and a green one is not a lucky draw; local runs keep exploring new examples each
+# time (failures are replayed from .hypothesis/). Both profiles are explicit, not left to the
+# installed hypothesis's defaults.
+settings.register_profile("ci", settings.get_profile("default"), derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", settings.get_profile("default"), derandomize=False)
+settings.load_profile("ci" if "CI" in os.environ else "dev")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_values
-from workbench.core import REGION_NAMES, PolicyLossConfig, aggregate_loss, compute_policy_loss
+from workbench.core import REGION_NAMES, PolicyLossConfig, aggregate_loss, compute_policy_loss, token_covariance
 
 
 def run(name, log_ratio, adv, mask=None, old=None, **cfg):
@@ -327,16 +327,77 @@ def verl_kl_cov(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio,
     return pg_losses
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_kl_cov_matches_verl(seed):
+@pytest.mark.parametrize("seed,ratio", [(seed, ratio) for seed in range(5) for ratio in (0.1, 0.5, 1.0)])
+def test_kl_cov_matches_verl(seed, ratio):
+    # without ties the stable top-k (ties to the earlier token) selects exactly what verl's topk does
     logp, old, adv, mask = random_batch(seed, B=8, T=9)
     a = logp.clone().requires_grad_(True)
-    ours, _ = compute_policy_loss("kl_cov", a, old, adv, mask, PolicyLossConfig(kl_cov_ratio=0.1, kl_cov_coef=0.7))
+    ours, _ = compute_policy_loss("kl_cov", a, old, adv, mask, PolicyLossConfig(kl_cov_ratio=ratio, kl_cov_coef=0.7))
     b = logp.clone().requires_grad_(True)
-    theirs = verl_kl_cov(old, b, adv, mask, 0.1, 0.7) * mask
+    theirs = verl_kl_cov(old, b, adv, mask, ratio, 0.7) * mask
     torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-12)
     (ga,), (gb,) = torch.autograd.grad(ours.sum(), a), torch.autograd.grad(theirs.sum(), b)
     torch.testing.assert_close(ga, gb, atol=1e-12, rtol=1e-12)
+
+
+def constant_advantage_batches():
+    """Batches whose valid advantages are all one value, each with a copy where that value is one ulp
+    off (0 becomes -0.0) and masked columns hold garbage: what padding does to ReMax advantages."""
+    g = torch.Generator().manual_seed(17)
+    for value in (-3.9116166465314377, -0.5711610821189331, 1.0 / 3.0, 0.1, 0.0, 2.5e-7, 1e6):
+        for length, holes in ((6, False), (7, True), (12, True)):
+            logp = -torch.rand(1, length, generator=g, dtype=torch.float64) * 3
+            mask = torch.ones(1, length, dtype=torch.float64)
+            if holes:
+                mask[0, 1::3] = 0.0
+            adv = torch.full((1, length), value, dtype=torch.float64) * mask
+            off = torch.nextafter(adv, torch.full_like(adv, math.inf)) * mask if value else -adv  # 0 -> -0.0
+            padded_mask = torch.cat([torch.zeros(1, 2, dtype=torch.float64), mask, torch.zeros(1, 3, dtype=torch.float64)], 1)
+            pad = lambda x, fill: torch.cat([torch.full((1, 2), fill, dtype=x.dtype), x, torch.full((1, 3), fill, dtype=x.dtype)], 1)
+            yield (logp, adv, mask), (pad(logp, 7.5), pad(off, 0.0), padded_mask)
+
+
+def selected_valid_tokens(name, logp, adv, mask, **cfg):
+    """Indices (in valid-token order) of the tokens Clip-Cov zeroed / KL-Cov penalised, read off the
+    loss: at ratio e^0.01 (inside every trust region) an unselected token's loss is -A rho exactly."""
+    old = logp - 0.01
+    loss, diag = compute_policy_loss(name, logp, old, adv, mask, PolicyLossConfig(**cfg))
+    plain = -adv * torch.exp(logp - old)
+    chosen = (loss != plain) & (mask > 0)
+    if name == "clip_cov" and (adv[mask > 0] == 0).all():  # -A rho = 0 = a zeroed loss: count only
+        return ["?"] * round(diag.metrics["clip_cov/selected_mean"].item() * int(mask.sum()))
+    return torch.nonzero(chosen[mask > 0]).squeeze(1).tolist()
+
+
+def test_covariance_ties_go_to_the_earlier_valid_token_whatever_the_padding():
+    # constant advantages: every Cov_t is 0 (a tie); KL-Cov penalises the first k valid tokens, and
+    # an ulp of noise in the advantages or padding anywhere changes nothing (issue 17)
+    for (logp, adv, mask), (plogp, padv, pmask) in constant_advantage_batches():
+        n = int(mask.sum())
+        cov = token_covariance(logp, adv, mask)
+        assert (cov[mask > 0] == 0).all() and (token_covariance(plogp, padv, pmask)[pmask > 0] == 0).all()
+        k = max(int(0.3 * n), 1)
+        assert selected_valid_tokens("kl_cov", logp, adv, mask, kl_cov_ratio=0.3, kl_cov_coef=1.0) == list(range(k))
+        assert selected_valid_tokens("kl_cov", plogp, padv, pmask, kl_cov_ratio=0.3, kl_cov_coef=1.0) == list(range(k))
+        # Clip-Cov: Cov = 0 lies outside the open band (0, 1) for every token, inside (-1, 1)
+        for lb, ub in ((0.0, 1.0), (-1.0, 0.0), (-1.0, 1.0)):
+            cfg = dict(clip_cov_ratio=0.3, clip_cov_lb=lb, clip_cov_ub=ub, cov_seed=5)
+            drawn = selected_valid_tokens("clip_cov", logp, adv, mask, **cfg)
+            assert drawn == selected_valid_tokens("clip_cov", plogp, padv, pmask, **cfg)
+            assert len(drawn) == (k if lb < 0 < ub else 0)
+
+
+def test_kl_cov_equal_covariances_go_to_the_earlier_token():
+    # A = [1, 1, -1, -1], logp = [-1, -1, -3, -3]: Cov = [1, 1, 1, 1]; k = 2 -> tokens 0, 1 (topk may pick any two)
+    logp = torch.tensor([[-1.0, -1.0, -3.0, -3.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    mask = torch.ones_like(adv)
+    assert token_covariance(logp, adv, mask).tolist() == [[1.0, 1.0, 1.0, 1.0]]
+    assert selected_valid_tokens("kl_cov", logp, adv, mask, kl_cov_ratio=0.5, kl_cov_coef=1.0) == [0, 1]
+    # the last two tie with each other below the first: [2, 2, 1, 1] -> k = 3 takes 0, 1 and then 2
+    logp = torch.tensor([[-1.0, -1.0, -2.0, -2.0]], dtype=torch.float64)
+    adv = torch.tensor([[2.0, 2.0, -2.0, -2.0]], dtype=torch.float64)
+    assert selected_valid_tokens("kl_cov", logp, adv, mask, kl_cov_ratio=0.75, kl_cov_coef=1.0) == [0, 1, 2]
 
 
 # ---- GPG ------------------------------------------------------------------------------------

@@ -163,3 +163,153 @@ def test_forged_launch_and_settings_save_are_refused(signed_out, store):
     at.button(key="set_save").click().run()
     assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]
     assert not (signed_out / "settings.yaml").exists()
+
+
+# ---- limits on guessing (issue 17: 40 attempts in 38 s from four browsers, none refused) ----------
+
+from workbench.ui import auth  # noqa: E402
+from workbench.ui.signin_limits import (  # noqa: E402
+    AttemptLedger,
+    BackoffPolicy,
+    client_address,
+    describe_wait,
+    ledger_keys,
+)
+
+
+class Clock:
+    """Wall-clock seconds that only move when a test says so."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_delays_double_after_five_free_failures_up_to_fifteen_minutes():
+    policy = BackoffPolicy()
+    delays = [policy.delay_s(n) for n in range(1, 16)]
+    assert delays == [0, 0, 0, 0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900]
+    assert policy.delay_s(50) == 900 and policy.delay_s(10**6) == 900  # bounded however many failures
+    assert [describe_wait(s) for s in (0.01, 2, 59.2, 60, 256, 900)] == ["1 s", "2 s", "1 min", "1 min", "4 min 16 s", "15 min"]
+
+
+def test_ledger_locks_address_and_name_with_exact_delays(tmp_path):
+    clock = Clock()
+    ledger = AttemptLedger(tmp_path / "l.sqlite", clock=clock)
+    keys = ledger_keys("10.0.0.7", "Alice")
+    for n in range(1, 5):
+        admission = ledger.admit(keys)
+        assert admission.allowed and admission.failures == {"address:10.0.0.7": n, "name:alice": n}
+        assert ledger.wait_s(keys) == 0
+    assert ledger.admit(keys).allowed and ledger.wait_s(keys) == 2  # the 5th failure: 2 s
+    clock.now += 1.5
+    refused = ledger.admit(keys)
+    assert not refused.allowed and refused.wait_s == 0.5
+    assert ledger.state("name:alice").failures == 5  # a refused attempt is not counted
+    # the lock holds for the name from any address, and for the address under any name
+    assert not ledger.admit(ledger_keys("10.9.9.9", "ALICE")).allowed
+    assert not ledger.admit(ledger_keys("10.0.0.7", "bob")).allowed
+    assert ledger.admit(ledger_keys("10.9.9.9", "bob")).allowed
+    clock.now += 0.5
+    assert ledger.admit(keys).allowed and ledger.wait_s(keys) == 4  # the 6th: 4 s
+    clock.now += 4
+    assert ledger.admit(keys).allowed and ledger.wait_s(keys) == 8
+    ledger.succeeded(keys)  # a right password clears both keys
+    assert ledger.wait_s(keys) == 0 and ledger.state("address:10.0.0.7").failures == 0
+
+
+def test_fifty_failures_lock_for_fifteen_minutes_at_most_then_the_password_works(tmp_path):
+    clock = Clock()
+    ledger = AttemptLedger(tmp_path / "l.sqlite", clock=clock)
+    keys = ledger_keys("local", "owner")
+    admitted = 0
+    while admitted < 50:
+        admission = ledger.admit(keys)
+        admitted += admission.allowed
+        clock.now += max(admission.wait_s, 0.001)
+    assert ledger.state("name:owner").failures == 50
+    assert ledger.wait_s(keys) <= 900
+    clock.now += 900
+    assert ledger.admit(keys).allowed  # never locked out for good
+
+
+def test_failures_are_forgotten_an_hour_after_the_last(tmp_path):
+    clock = Clock()
+    ledger = AttemptLedger(tmp_path / "l.sqlite", clock=clock)
+    keys = ledger_keys("local", "carol")
+    for _ in range(5):
+        ledger.admit(keys)
+    clock.now += 3599
+    assert ledger.admit(keys).failures["name:carol"] == 6
+    clock.now += 3600
+    assert ledger.admit(keys).failures["name:carol"] == 1
+
+
+def _admit_once(path: str, now: float, queue) -> None:
+    queue.put(AttemptLedger(path, clock=lambda: now).admit(ledger_keys("203.0.113.5", "mallory")).allowed)
+
+
+def test_ledger_is_shared_by_processes_and_parallel_attempts_cannot_slip_through(tmp_path):
+    import multiprocessing
+
+    path, now = str(tmp_path / "l.sqlite"), 5_000.0
+    ledger = AttemptLedger(path, clock=lambda: now)
+    for _ in range(4):
+        ledger.admit(ledger_keys("203.0.113.5", "mallory"))
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_admit_once, args=(path, now, queue)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    results = sorted(queue.get(timeout=5) for _ in procs)
+    assert results == [False] * 5 + [True]  # the 5th failure locks; the other five are refused
+    assert ledger.state("name:mallory").failures == 5
+
+
+def test_client_address_prefers_the_peer_and_trusts_only_the_nearest_proxy():
+    assert client_address("198.51.100.4", {"X-Forwarded-For": "1.1.1.1"}) == "198.51.100.4"
+    assert client_address(None, {"X-Forwarded-For": "6.6.6.6, 198.51.100.4"}) == "198.51.100.4"
+    assert client_address(None, {"x-real-ip": "2001:db8::1"}) == "2001:db8::1"
+    assert client_address(None, {"X-Forwarded-For": "<script>"}) == "local"
+    assert client_address(None, None) == "local" and client_address("", {}) == "local"
+
+
+def sign_in_as(at, user, password):
+    at.sidebar.text_input(key="wb_login_user").input(user)
+    at.sidebar.text_input(key="wb_login_password").input(password)
+    sign_in_button(at).click().run()
+    return [e.value for e in at.sidebar.error]
+
+
+def test_repeated_wrong_passwords_lock_every_session_until_the_delay_ends(home, monkeypatch, caplog):
+    monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
+    clock = Clock()
+    monkeypatch.setattr(auth, "signin_clock", clock)
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    for _ in range(4):
+        assert sign_in_as(at, "erin", "guess") == ["Wrong password."]
+    assert sign_in_as(at, "erin", "guess") == ["Wrong password. Too many failed sign-ins: try again in 2 s."]
+    locked = ["Too many failed sign-ins from this address or for this name: try again in 2 s."]
+    assert sign_in_as(at, "erin", "s3cret") == locked  # the right password too
+    assert "wb_user" not in at.session_state and at.button(key="launch_go").disabled
+    fresh = AppTest.from_file(APP, default_timeout=60).run()  # a new browser session: same ledger
+    assert sign_in_as(fresh, "erin", "s3cret") == locked
+    assert sign_in_as(fresh, "someone-else", "s3cret") == locked  # same address, another name
+    clock.now += 2
+    assert sign_in_as(fresh, "erin", "s3cret") == []
+    assert fresh.session_state["wb_user"] == "erin" and not fresh.button(key="launch_go").disabled
+    failed = [r for r in caplog.records if r.name == "workbench.auth" and r.levelname == "WARNING"]
+    assert len(failed) == 8 and all("name='erin'" in r.getMessage() or "someone-else" in r.getMessage() for r in failed)
+    assert sum("wrong password" in r.getMessage() for r in failed) == 5
+
+
+def test_client_address_ignores_what_is_not_a_string():
+    # AppTest's st.context.ip_address is a MagicMock; a proxy object must never become a key
+    from unittest.mock import MagicMock
+
+    assert client_address(MagicMock(), {"X-Real-IP": MagicMock()}) == "local"
+    assert client_address(MagicMock(), {"X-Real-IP": "192.0.2.1"}) == "192.0.2.1"

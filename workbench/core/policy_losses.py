@@ -358,11 +358,40 @@ def dppo_kl_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig)
     return _dppo_loss(logp, old_logp, advantages, mask, cfg, _dppo_kl_valid)
 
 
+# A deviation from the batch mean smaller than this many ulps of the largest |value| is rounding
+# noise, not signal: the mean of n equal values is not always that value in floating point, and
+# padding (or an upstream estimator) can move it by an ulp. Such deviations are snapped to exactly
+# 0, so a batch of constant advantages gives Cov_t = 0 for every token (a tie, broken by
+# ``_top_k_valid``) instead of +-1e-16 whose signs depend on where the padding sits. A real
+# deviation is many orders of magnitude larger (fp64: 1.4e-14 relative, fp32: 7.6e-6).
+COV_NOISE_ULPS = 64
+
+
+def _centred(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x - masked mean of x over the valid tokens, with rounding noise (``COV_NOISE_ULPS``) set to 0.
+    Half-precision inputs are centred in float32 (64 bf16 ulps would be half the scale)."""
+    if torch.finfo(x.dtype).bits < 32:
+        x = x.float()
+    dev = x - masked_mean(x, mask)
+    scale = torch.where(mask > 0, x.abs(), torch.zeros_like(x)).amax() if x.numel() else x.new_zeros(())
+    noise = COV_NOISE_ULPS * torch.finfo(x.dtype).eps * scale
+    return torch.where(dev.abs() <= noise, torch.zeros_like(dev), dev)
+
+
 def token_covariance(logp, advantages, mask) -> torch.Tensor:
     """Cov_t = (A_t - mean A)(logp_t - mean logp), means over the valid tokens of the batch
-    (Cui et al. 2025: entropy falls in proportion to this covariance). (B, T) -> (B, T), detached."""
-    a, lp = advantages.detach(), logp.detach()
-    return (a - masked_mean(a, mask)) * (lp - masked_mean(lp, mask))
+    (Cui et al. 2025: entropy falls in proportion to this covariance). (B, T) -> (B, T), detached.
+    A deviation within rounding noise of the mean counts as 0 (``COV_NOISE_ULPS``)."""
+    return _centred(advantages.detach(), mask) * _centred(logp.detach(), mask)
+
+
+def _top_k_valid(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest of ``values`` (one per valid token, in row-major valid order),
+    ties going to the earlier valid token: a stable descending sort, i.e. top-k over the key
+    (value, -valid_token_index). verl's ``torch.topk`` leaves ties arbitrary (and 0.0 / -0.0
+    tie); here the order of valid tokens, which padding cannot change, decides. Without ties the
+    set is exactly topk's."""
+    return torch.sort(values, descending=True, stable=True).indices[:k]
 
 
 def _valid_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -389,7 +418,8 @@ def clip_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig
         loss_t = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) * (1 - selected_t)
 
     The draw uses ``cfg.cov_seed`` (see PolicyLossConfig) over the valid tokens in row-major
-    order, so it does not depend on padding. Statistics are over the tokens of this call (as in
+    order, so it does not depend on padding; nor does the band test at an edge of 0, since a
+    covariance within rounding noise is exactly 0 (``COV_NOISE_ULPS``). Statistics are over the tokens of this call (as in
     verl: per micro-batch). ``clip_cov/selected_mean`` = fraction of valid tokens drawn.
     """
     plain = replace(cfg, clip_c=None, delta=None)
@@ -416,8 +446,8 @@ def clip_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig
 @POLICY_LOSSES.register("kl_cov")
 def kl_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     """KL-Cov (same paper; verl ``kl_cov``): no clipping; the k = max(1, floor(kl_cov_ratio *
-    n_valid)) valid tokens with the largest Cov_t (``token_covariance``, deterministic top-k) get
-    a KL penalty on the ratio:
+    n_valid)) valid tokens with the largest Cov_t (``token_covariance``; ties go to the earlier valid
+    token, ``_top_k_valid``, so padding cannot change the choice) get a KL penalty on the ratio:
 
         loss_t = -A_t rho_t + kl_cov_coef |logp_t - old_t| selected_t
 
@@ -428,7 +458,7 @@ def kl_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     valid = _valid_positions(mask)
     k = min(max(int(cfg.kl_cov_ratio * valid.numel()), 1), valid.numel())
     cov = token_covariance(logp, advantages, mask).reshape(-1)[valid]
-    selected = _flat_select(mask, valid[torch.topk(cov, k).indices])
+    selected = _flat_select(mask, valid[_top_k_valid(cov, k)])
     penalty = cfg.kl_cov_coef * log_ratio.abs() * selected.to(logp.dtype)
     loss = zero_padding(-advantages * ratio + penalty, mask)
     zero_grad = ((advantages == 0) & (~selected | (log_ratio.detach() == 0))) | ~mask.bool()

@@ -8,18 +8,32 @@ compared in constant time (``hmac.compare_digest``). With no password on a non-l
 actions stay disabled, and the page says how to set one. The name typed at sign-in is recorded as
 the owner (``created_by``) of what that session launches; it is kept in
 ``st.session_state["wb_user"]``.
+
+Guessing is limited server-wide (``signin_limits``): failed sign-ins are counted per client
+address and per name in a SQLite ledger under the workbench home that every session and app
+process shares; after 5 failures each further one locks that address / name for 2 s, 4 s, 8 s ...
+at most 15 min, and while locked an attempt is refused without its password being looked at.
+Every failed or refused attempt is logged (logger ``workbench.auth``, WARNING).
 """
 
 from __future__ import annotations
 
 import getpass
 import hmac
+import logging
 import os
 import re
 import time
 from dataclasses import dataclass
 
 import streamlit as st
+
+from workbench.home import workbench_home
+from workbench.ui.signin_limits import LEDGER_FILE, AttemptLedger, client_address, describe_wait, ledger_keys
+
+log = logging.getLogger("workbench.auth")
+# The ledger's clock (wall-clock seconds, shared with other app processes); tests move it.
+signin_clock = time.time
 
 PASSWORD_ENV = "WORKBENCH_PASSWORD"
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -113,8 +127,24 @@ def blocked_reason() -> str | None:
     return policy.reason if not policy.possible else "Sign in (sidebar) to launch, cancel or delete runs."
 
 
-def sign_in(user: str, password: str) -> str | None:
-    """Check a sign-in; on success record the user and return None, else the error message."""
+def signin_ledger() -> AttemptLedger:
+    """The server-wide ledger of failed sign-ins (one SQLite file per workbench home)."""
+    return AttemptLedger(workbench_home() / LEDGER_FILE, clock=lambda: signin_clock())
+
+
+def current_client_address() -> str:
+    """This session's client address (``signin_limits.client_address``)."""
+    try:
+        ip, headers = st.context.ip_address, dict(st.context.headers or {})
+    except Exception:  # no script-run context (e.g. called from a thread): nothing to read
+        ip, headers = None, {}
+    return client_address(ip, headers)
+
+
+def sign_in(user: str, password: str, address: str | None = None) -> str | None:
+    """Check a sign-in; on success record the user and return None, else the error message.
+    Attempts pass through the ledger first: while the address or the name is locked the attempt is
+    refused whatever the password, saying how long to wait."""
     expected = configured_password()
     if not expected:
         return current_policy().reason
@@ -122,9 +152,20 @@ def sign_in(user: str, password: str) -> str | None:
         user = check_user_name(user)
     except ValueError as err:
         return str(err)
+    address = address or current_client_address()
+    keys, ledger = ledger_keys(address, user), signin_ledger()
+    admission = ledger.admit(keys)
+    if not admission.allowed:
+        log.warning("sign-in refused (locked for %.0f s more): name=%r address=%s", admission.wait_s, user, address)
+        return (f"Too many failed sign-ins from this address or for this name: try again in "
+                f"{describe_wait(admission.wait_s)}.")
     if not password_matches(password, expected):
-        time.sleep(0.5)  # slows guessing from one session; the comparison itself leaks nothing
-        return "Wrong password."
+        wait = ledger.wait_s(keys)
+        log.warning("sign-in failed (wrong password): name=%r address=%s failures=%s next attempt in %.0f s",
+                    user, address, admission.failures, wait)
+        return "Wrong password." + (f" Too many failed sign-ins: try again in {describe_wait(wait)}." if wait else "")
+    ledger.succeeded(keys)
+    log.info("sign-in: name=%r address=%s", user, address)
     st.session_state[USER_KEY], st.session_state[AUTHED_KEY] = user, True
     return None
 
