@@ -165,7 +165,8 @@ class LocalLauncher(Launcher):
             _signal_group(pgid, signal.SIGKILL)  # the wrapper itself is stuck: no exit code then
 
     def read_events(self, run: dict) -> EventChunk:
-        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0))
+        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0),
+                                run.get("events_inode"))
 
     def exit_status(self, run: dict) -> tuple[str | None, str | None]:
         """After the process is gone: (status, error) from the wrapper's exit code, if it wrote one."""
