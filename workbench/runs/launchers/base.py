@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
@@ -30,7 +31,7 @@ STDOUT_FILE = "stdout.log"
 EXIT_CODE_FILE = "exit_code"
 
 __all__ = ["EVENTS_FILE", "EXIT_CODE_FILE", "STDOUT_FILE", "ConfigError", "EventChunk", "LAUNCHERS", "LaunchError",
-           "Launcher", "UnreadableLine", "file_identity", "parse_events", "read_file_events", "status_from_exit_code",
+           "Launcher", "UnreadableLine", "file_identity", "log_cause", "parse_events", "read_file_events", "status_from_exit_code",
            "target_scheme"]
 
 
@@ -230,6 +231,29 @@ def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple
         return "failed", f"{where} killed by {name} (exit code {code})"
     last = _last_line(log_path) if log_path is not None else ""
     return "failed", f"{where} exited with code {code}" + (f": {last}" if last else "")
+
+
+# The last line of a Python traceback: ``OSError: [Errno 28] No space left on device``,
+# ``torch.OutOfMemoryError: ...``, ``KeyboardInterrupt`` (an exception's dotted name at column 0).
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure)(?::\s.*)?$")
+_WRAPPER_EXCEPTIONS = ("subprocess.CalledProcessError",)  # accelerate's launcher re-raising a worker's exit
+
+
+def log_cause(path: Path, max_bytes: int = 65536) -> str:
+    """Why a process died, from its log: the last traceback's final line in the last ``max_bytes``
+    (at most 500 characters), skipping a launcher's re-raise of its worker's exit; "" when the
+    log shows no traceback (nothing to go on: the caller keeps ``lost``)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    if not any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return ""
+    causes = [line.rstrip() for line in lines if _EXCEPTION_LINE.match(line.rstrip())
+              and not line.startswith(_WRAPPER_EXCEPTIONS)]
+    return causes[-1][:500] if causes else ""
 
 
 def _last_line(path: Path, max_bytes: int = 4096) -> str:
