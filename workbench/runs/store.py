@@ -258,6 +258,10 @@ class RunStore:
                        for g in groups})
             now = time.time()  # + i microseconds: creation order is the given order
             for i, r in enumerate(runs):
+                arm, seed = r.get("arm") or r["name"], recipe_seed(r["recipe_yaml"])
+                if r.get("group") and seed is not None and db.execute(  # also where an older file lacks the index
+                        "SELECT 1 FROM runs WHERE grp = ? AND arm = ? AND seed = ?", (r["group"], arm, seed)).fetchone():
+                    raise _seed_taken(r["group"], arm, seed)
                 try:
                     db.execute(
                         "INSERT INTO runs (id, name, algorithm, status, target, launcher, host, created_by, created_at,"
@@ -267,13 +271,11 @@ class RunStore:
                          r["created_by"], now + i * 1e-6, r.get("group"), json.dumps(list(r.get("tags") or ())),
                          r.get("notes", ""),
                          r["recipe_yaml"], r["run_dir"], json.dumps(r.get("launch") or {}), r["total_steps"],
-                         r.get("arm") or r["name"], recipe_seed(r["recipe_yaml"]), json.dumps(r.get("sweep") or {})))
+                         arm, seed, json.dumps(r.get("sweep") or {})))
                 except sqlite3.IntegrityError as err:
                     if "runs.grp" not in str(err):
                         raise
-                    raise RunError(f"group {r.get('group')!r} already has arm {r.get('arm') or r['name']!r} with seed "
-                                   f"{recipe_seed(r['recipe_yaml'])}: a run with the same seed is a copy, not a "
-                                   "replicate; nothing was launched") from None
+                    raise _seed_taken(r["group"], arm, seed) from None
         return [r["run_id"] for r in runs]
 
     def duplicate_seeds(self) -> list[dict[str, Any]]:
@@ -558,6 +560,11 @@ def recipe_seed(recipe_yaml: str) -> int | None:
     train = data.get("train") if isinstance(data, dict) else None
     seed = (train or {}).get("seed", 0) if isinstance(train, (dict, type(None))) else None
     return seed if _is_int(seed) else None
+
+
+def _seed_taken(group: str, arm: str, seed: int) -> RunError:
+    return RunError(f"group {group!r} already has arm {arm!r} with seed {seed}: a run with the same seed is a copy, "
+                    "not a replicate; nothing was launched")
 
 
 def _arms_of(runs: list[dict[str, Any]], group: str) -> dict[str, list[dict[str, Any]]]:
