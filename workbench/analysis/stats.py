@@ -73,6 +73,30 @@ def _check_scores(scores_by_arm: Scores) -> dict[str, np.ndarray]:
     return checked
 
 
+class DuplicateSeedError(ValueError):
+    """Two runs of one arm with the same seed: copies, not independent replicates."""
+
+
+def check_independent_seeds(df: pd.DataFrame) -> None:
+    """DuplicateSeedError when two runs (``run_id``) of one ``arm`` have the same ``seed``.
+
+    Each seed is one independent replicate; a second run with the same seed repeats the first
+    (same data order, same sampling), so counting both would report n = 6 for three seeds and an
+    interval narrowed by copies. The store refuses such runs since seeds became unique per arm;
+    a file from before may still hold them (launches that raced). Runs of unknown seed are not
+    checked."""
+    runs = df.loc[df["seed"].notna(), ["run_id", "arm", "seed"]].drop_duplicates("run_id")
+    twice = runs[runs.duplicated(["arm", "seed"], keep=False)]
+    if twice.empty:
+        return
+    pairs = [f"arm {arm!r} seed {seed}: runs {', '.join(map(str, group['run_id'].head(4)))}"
+             for (arm, seed), group in twice.groupby(["arm", "seed"], sort=False)]
+    raise DuplicateSeedError(f"{len(pairs)} seed(s) appear in more than one run of an arm ({'; '.join(pairs[:3])}"
+                             f"{'; ...' if len(pairs) > 3 else ''}): a run with the same seed is a copy, not an independent "
+                             "replicate, so no verdict is computed; delete all but one run of each seed "
+                             "(`python -m workbench runs delete ID`)")
+
+
 def check_columns(df: pd.DataFrame, needed: Sequence[str]) -> None:
     missing = [c for c in needed if c not in df.columns]
     if missing:
@@ -125,12 +149,14 @@ def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = 0.1)
         score = (1/k) sum_{the last k steps t} metric_t
 
     A live run's window is its latest k steps. Runs that have not logged the metric yet are left out.
+    Two runs of one arm with the same seed are refused (``check_independent_seeds``).
 
     Returns one row per scored run, arms in order of first appearance, seeds ascending within an
     arm: ``run_id``, ``arm``, ``seed``, ``score``, ``window_steps`` (k), ``first_step`` and
     ``last_step`` (the window's bounds).
     """
     check_columns(df, (*RUN_KEY_COLUMNS, metric))
+    check_independent_seeds(df)
     if not isinstance(window_frac, Real) or not 0.0 < float(window_frac) <= 1.0:
         raise ValueError(f"window_frac={window_frac!r} is not allowed; use a fraction of the steps in (0, 1]")
     columns = ["run_id", "arm", "seed", "score", "window_steps", "first_step", "last_step"]

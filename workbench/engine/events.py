@@ -51,6 +51,7 @@ class EventWriter:
         if not self.enabled:
             return
         line = json.dumps({"kind": kind, "step": step, "time": time.time(), **_jsonable(payload)}, allow_nan=False)
+        self._reopen_if_replaced()
         self._file.write(line + "\n")
         self._file.flush()  # in the kernel now: a kill -9 right after a step cannot lose it
         if kind in ("status", "error"):  # fsync (~4 ms) only where a machine crash must not lose it
@@ -58,6 +59,19 @@ class EventWriter:
         if self.mirror is not None:
             self.mirror.write(STDOUT_PREFIX + line + "\n")
             self.mirror.flush()
+
+    def _reopen_if_replaced(self) -> None:
+        """A file moved over ``events.jsonl`` (``cp`` then ``mv``) or its removal would leave this
+        writer appending to the old, unlinked inode, where no reader finds the later events:
+        append to whatever the path names now (the collector notices the new inode and reads it
+        again from the start)."""
+        try:
+            same = os.path.samestat(os.stat(self.path), os.fstat(self._file.fileno()))
+        except FileNotFoundError:
+            same = False
+        if not same:
+            self._file.close()
+            self._file = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         if self._file is not None:

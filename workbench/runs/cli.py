@@ -60,11 +60,24 @@ def _progress_printer():
     return show
 
 
+def _sync_before_reading(store) -> None:
+    """Collect new events before showing the store. A store that cannot be written now (disk
+    full, read-only) must not hide what it already holds: one warning line, then the reading goes
+    on (a command that changes a run still fails on its own write)."""
+    from workbench.runs import sync
+    from workbench.runs.store import StoreError
+
+    try:
+        sync(store)
+    except StoreError as err:
+        print(f"warning: new events not collected: {err}", file=sys.stderr)
+
+
 def _cmd_runs(args) -> int:
-    from workbench.runs import RunStore, sync
+    from workbench.runs import RunStore
 
     store = RunStore()
-    sync(store)
+    _sync_before_reading(store)
     if args.action == "list":
         return _list_runs(store, args)
     if args.action == "arms":
@@ -114,10 +127,10 @@ def _cmd_compare(args) -> int:
     """The verdict table of a group: per arm mean / IQM / 95 % CI over seeds of the final-window
     score, per pair the difference with its CI, P(A > B), the verdict and the seeds needed."""
     from workbench.analysis import arm_summary, default_metric, final_window_scores, pairwise
-    from workbench.runs import RunError, RunStore, sync
+    from workbench.runs import RunError, RunStore
 
     store = RunStore()
-    sync(store)
+    _sync_before_reading(store)
     arms = _group_arms(store, args.group)
     frame = store.arm_metrics([r["id"] for runs in arms.values() for r in runs])
     metric = args.metric or default_metric(frame)
@@ -177,7 +190,7 @@ def _delete_run(store, run: dict, args) -> int:
 
 def _print_logs(store, run: dict, follow: bool) -> int:
     """The run's metrics, one line per step (and its stdout log for local runs)."""
-    from workbench.runs import TERMINAL_STATUSES, sync
+    from workbench.runs import TERMINAL_STATUSES
     from workbench.runs.launchers.base import STDOUT_FILE
 
     log = Path(run["run_dir"]) / STDOUT_FILE
@@ -192,18 +205,28 @@ def _print_logs(store, run: dict, follow: bool) -> int:
         if not follow or store.get_run(run["id"])["status"] in TERMINAL_STATUSES:
             return 0
         time.sleep(1.0)
-        sync(store)
+        _sync_before_reading(store)
 
 
 def _cmd_collect(args) -> int:
+    """Sync every ``--interval`` s. A pass that cannot write the store (disk full, read-only) is
+    reported on stderr and retried next pass: nothing is lost, the event files keep the lines
+    and the offsets did not move. ``--once`` reports it as the error it is (exit 2)."""
     from workbench.runs import RunStore, sync
+    from workbench.runs.store import StoreError
 
     store = RunStore()
     while True:
-        n = sync(store)
-        if args.once:
-            print(f"ingested {n} rows")
-            return 0
+        try:
+            n = sync(store)
+        except StoreError as err:
+            if args.once:
+                raise
+            print(f"warning: collect pass failed, retrying in {args.interval:g} s: {err}", file=sys.stderr, flush=True)
+        else:
+            if args.once:
+                print(f"ingested {n} rows")
+                return 0
         time.sleep(args.interval)
 
 

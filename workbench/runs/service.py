@@ -77,42 +77,72 @@ def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, gr
 
     Nothing is left in the store when the target cannot take the run (unknown host, unreachable
     host, no sbatch): the error is raised and the half-made run is removed. Nor on disk when the
-    store cannot take it (StoreError: read-only file): the row is written before the run directory.
+    store cannot take it (StoreError: read-only file): the run directory is removed again.
     """
     store = store or RunStore()
     settings = settings or load_settings()
-    name = check_run_name(name or recipe.name)
-    tags = [check_tag(t) for t in tags]
     group = check_group(group) if group else None
-    if num_processes < 1:
-        raise RunError(f"num_processes={num_processes} is not allowed; at least 1")
     launcher = launcher_for(target, settings)
-    run_id = new_run_id(name)
-    run_dir = confined_path(Path(RUNS_DIR) / run_id, field="run directory")
+    row = _new_run(recipe, target=target, launcher=launcher, name=name, group=group, tags=tags, notes=notes,
+                   created_by=created_by, num_processes=num_processes, arm=arm, sweep=sweep)
+    return _register_and_start(store, settings, launcher, [(row, recipe)])[0]
+
+
+def _new_run(recipe: Recipe, *, target: str, launcher: Launcher, name: str | None, group: str | None,
+             tags: Iterable[str], notes: str, created_by: str | None, num_processes: int, arm: str | None,
+             sweep: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The store row (``RunStore.create_run``'s arguments) of a new run; validates its name and tags."""
     from workbench.presets import algorithm_label  # the preset it is, not the run's name
 
-    store.create_run(
-        run_id=run_id, name=name, algorithm=algorithm_label(recipe), recipe_yaml=recipe.to_yaml(), total_steps=recipe.train.steps,
-        target=target, launcher=launcher.scheme, host=_host_of(target), created_by=created_by or getpass.getuser(),
-        run_dir=str(run_dir), group=group, tags=tags, notes=notes, arm=arm, sweep=dict(sweep or {}),
-        launch={"num_processes": num_processes, "mixed_precision": MIXED_PRECISION[recipe.train.precision]})
+    name = check_run_name(name or recipe.name)
+    if num_processes < 1:
+        raise RunError(f"num_processes={num_processes} is not allowed; at least 1")
+    run_id = new_run_id(name)
+    return dict(run_id=run_id, name=name, algorithm=algorithm_label(recipe), recipe_yaml=recipe.to_yaml(),
+                total_steps=recipe.train.steps, target=target, launcher=launcher.scheme, host=_host_of(target),
+                created_by=created_by or getpass.getuser(),
+                run_dir=str(confined_path(Path(RUNS_DIR) / run_id, field="run directory")), group=group,
+                tags=[check_tag(t) for t in tags], notes=notes, arm=arm, sweep=dict(sweep or {}),
+                launch={"num_processes": num_processes, "mixed_precision": MIXED_PRECISION[recipe.train.precision]})
+
+
+def _register_and_start(store: RunStore, settings: Settings, launcher: Launcher, runs: Sequence[tuple[dict, Recipe]],
+                        check=None) -> list[str]:
+    """Make the run directories of ``runs``, write their rows in one transaction
+    (``RunStore.create_runs`` with ``check``), then start them (a remote target at once, local ones
+    through the queue). Directories first: a collector may start a queued row at once, and must
+    find its recipe. All or nothing: a refused check, a store that cannot be written, a directory
+    that cannot be made or a remote start that fails removes every run of this call (rows and
+    directories) and raises."""
+    made: list[Path] = []
     try:
-        run_dir.mkdir(parents=True)
-        (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
-    except OSError as err:
-        store.delete(run_id)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise RunError(f"cannot create the run directory {run_dir}: {err}") from err
-    if launcher.scheme != "local":
-        try:
-            _claim_and_start(store, store.get_run(run_id), launcher)
-        except LaunchError:
-            store.delete(run_id)
+        for row, recipe in runs:
+            run_dir = Path(row["run_dir"])
+            try:
+                run_dir.mkdir(parents=True)
+                made.append(run_dir)
+                (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
+            except OSError as err:
+                raise RunError(f"cannot create the run directory {run_dir}: {err}") from err
+        ids = store.create_runs([row for row, _ in runs], check)
+    except BaseException:
+        for run_dir in made:
             shutil.rmtree(run_dir, ignore_errors=True)
-            raise
-    else:
+        raise
+    if launcher.scheme == "local":
         _start_queued_local(store, settings)
-    return run_id
+        return ids
+    try:
+        for run_id in ids:
+            _claim_and_start(store, store.get_run(run_id), launcher)
+    except BaseException:
+        for run_id in ids:
+            try:
+                delete(run_id, store=store, settings=settings)
+            except Exception:  # noqa: BLE001  (clean up the others; the first error is the one to report)
+                log.exception("could not remove run %s of a launch that failed", run_id)
+        raise
+    return ids
 
 
 # -- arms x seeds: plan (pure, validated, torch-free), then launch ----------------------------------
@@ -278,30 +308,22 @@ def launch_planned(planned: Sequence[PlannedRun], *, group: str | None = None, t
     store = store or RunStore()
     settings = settings or load_settings()
     store.check_writable()
-    launcher_for(target, settings)  # an unknown target fails before the first run is made
-    if group:
-        _check_joins_group(store, group, planned)
-    ids: list[str] = []
-    try:
-        for run in planned:
-            ids.append(launch(run.recipe, target=target, group=group, tags=tags, notes=notes, created_by=created_by,
-                              num_processes=num_processes, store=store, settings=settings, arm=run.arm, sweep=run.sweep))
-    except BaseException:
-        for run_id in ids:
-            try:
-                delete(run_id, store=store, settings=settings)
-            except Exception:  # noqa: BLE001  (clean up the others; the first error is the one to report)
-                log.exception("could not remove run %s of a launch that failed", run_id)
-        raise
-    return ids
+    launcher = launcher_for(target, settings)  # an unknown target fails before the first run is made
+    runs = [(_new_run(run.recipe, target=target, launcher=launcher, name=None, group=group, tags=tags, notes=notes,
+                      created_by=created_by, num_processes=num_processes, arm=run.arm, sweep=run.sweep), run.recipe)
+            for run in planned]
+    check = (lambda arms: _check_joins_group(arms[group], group, planned)) if group else None
+    return _register_and_start(store, settings, launcher, runs, check)
 
 
-def _check_joins_group(store: RunStore, group: str, planned: Sequence[PlannedRun]) -> None:
+def _check_joins_group(arms: Mapping[str, list[dict]], group: str, planned: Sequence[PlannedRun]) -> None:
     """Runs added to an existing group keep its arms honest: an arm label already there must mean
-    the same recipe minus its seed, and a seed it already has would be a copy, not a replicate."""
+    the same recipe minus its seed, and a seed it already has would be a copy, not a replicate.
+    ``arms``: the group's arms as ``RunStore.create_runs`` reads them inside the transaction that
+    inserts the new runs, so a launch racing with this one cannot slip a seed in between."""
     import yaml
 
-    for arm, runs in store.arms(group).items():
+    for arm, runs in arms.items():
         mine = [p for p in planned if p.arm == arm]
         if not mine:
             continue
@@ -481,11 +503,15 @@ def _place(run: dict, running: list[dict], usable: list[int], settings: Settings
 
 
 def _ingest_new(store: RunStore, run: dict, launcher: Launcher) -> int:
+    """Ingest what the launcher reads past the run's offset (and the file identity it read it
+    from: a local events file replaced by a rename is read again, see ``read_file_events``)."""
     chunk = launcher.read_events(run)
-    old = int(run["events_offset"])
-    if chunk.offset == old and chunk.warning is None:
+    old, old_inode = int(run["events_offset"]), run.get("events_inode")
+    new_inode = chunk.inode or old_inode
+    if chunk.offset == old and chunk.warning is None and new_inode == old_inode:
         return 0
-    return store.ingest(run["id"], chunk.events, offset=(old, chunk.offset), warning=chunk.warning)
+    return store.ingest(run["id"], chunk.events, offset=(old, chunk.offset), inode=(old_inode, new_inode),
+                        warning=chunk.warning)
 
 
 def _finalise(store: RunStore, run_id: str, launcher: Launcher) -> None:

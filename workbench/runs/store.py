@@ -14,7 +14,17 @@ wrong type) is skipped and counted in ``runs.skipped_events``, and named in ``ru
 bad line must not stop the stream behind it.
 
 A store file that cannot be written (read-only file or folder, disk full) raises ``StoreError``
-naming the file, before anything else is changed.
+naming the file, before anything else is changed. Reading never writes: opening a file whose
+schema is current (``SCHEMA_VERSION`` in ``PRAGMA user_version``) only reads, and on a full disk,
+where SQLite cannot create the WAL's shared-memory file a reader needs, a read falls back to an
+``immutable`` connection when the WAL holds nothing (then the main file is the whole store). So
+``runs list`` keeps working while the disk is full.
+
+Seeds are unique per arm: a partial UNIQUE index on (grp, arm, seed) and ``create_runs``, which
+checks the group and inserts every run of a launch in one write transaction, so two launches at
+once can never claim the same seed. A file made before the index that already holds such
+duplicates stays usable: the index is left out (``RunStore.duplicate_seeds`` names the pairs,
+the verdict refuses them) and created on the first open after they are gone.
 
 Every call opens its own short-lived connection: Streamlit serves each browser session from its
 own thread, and several collectors (app, CLI) may write at once; WAL lets readers run beside one
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import sqlite3
 import time
@@ -66,6 +77,7 @@ CREATE TABLE IF NOT EXISTS runs (
     launch TEXT NOT NULL DEFAULT '{}',
     handle TEXT NOT NULL DEFAULT '{}',
     events_offset INTEGER NOT NULL DEFAULT 0,
+    events_inode TEXT,
     last_step INTEGER NOT NULL DEFAULT -1,
     total_steps INTEGER NOT NULL,
     reward REAL,
@@ -90,7 +102,13 @@ CREATE TABLE IF NOT EXISTS lens (run_id TEXT, step INTEGER, time REAL, data TEXT
 """
 _ADDED_COLUMNS = {"skipped_events": "INTEGER NOT NULL DEFAULT 0",  # columns newer than some existing files
                   "warnings": "TEXT NOT NULL DEFAULT '[]'",
-                  "arm": "TEXT", "seed": "INTEGER", "sweep": "TEXT NOT NULL DEFAULT '{}'"}
+                  "arm": "TEXT", "seed": "INTEGER", "sweep": "TEXT NOT NULL DEFAULT '{}'",
+                  "events_inode": "TEXT"}
+SCHEMA_VERSION = 2  # PRAGMA user_version of a file whose tables, columns and indexes are current
+UNIQUE_SEED_INDEX = "runs_grp_arm_seed"
+_UNIQUE_SEED_SQL = f"CREATE UNIQUE INDEX IF NOT EXISTS {UNIQUE_SEED_INDEX} ON runs(grp, arm, seed) WHERE grp IS NOT NULL"
+_DUPLICATE_SEEDS_SQL = ("SELECT grp, arm, seed, GROUP_CONCAT(id, ' ') AS ids FROM runs WHERE grp IS NOT NULL"
+                        " AND seed IS NOT NULL GROUP BY grp, arm, seed HAVING COUNT(*) > 1 ORDER BY grp, arm, seed")
 _JSON_COLUMNS = ("tags", "launch", "handle", "warnings", "sweep")
 MAX_WARNINGS = 20  # distinct warnings kept per run (a stream of bad lines must not grow the row without bound)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # SQLite INTEGER
@@ -98,6 +116,7 @@ _EMPTY_HANDLE = "{}"
 RUN_COLUMNS = ["id", "name", "algorithm", "arm", "seed", "status", "target", "launcher", "host", "created_by",
                "created_at", "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
                "error", "run_dir"]
+log = logging.getLogger(__name__)
 ARM_KEY_COLUMNS = ["run_id", "arm", "seed", "step"]  # the long frame's keys (workbench.analysis.stats.RUN_KEY_COLUMNS)
 
 
@@ -133,17 +152,27 @@ class RunStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise _store_error(self.path, err) from err
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(_SCHEMA)
-            self._columns = _migrate(db)
+        with self._read() as db:  # a current file is only read: opening must work on a full disk
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            indexed = _has_unique_seed_index(db)
+            duplicates = not indexed and version >= SCHEMA_VERSION and bool(db.execute(_DUPLICATE_SEEDS_SQL).fetchone())
+            self._columns = _columns(db)
+        if version < SCHEMA_VERSION or not (indexed or duplicates):
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+                self._columns = _migrate(db)
 
     # -- connections ---------------------------------------------------------------------------
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, uri_query: str = "") -> Iterator[sqlite3.Connection]:
         """A connection; a failure of the file itself (not of a query's logic) becomes StoreError."""
         try:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            if uri_query:
+                db = sqlite3.connect(f"{self.path.absolute().as_uri()}?{uri_query}", uri=True, timeout=30,
+                                     isolation_level=None)
+            else:
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         except sqlite3.Error as err:
             raise _store_error(self.path, err) from err
         try:
@@ -159,6 +188,29 @@ class RunStore:
             raise _store_error(self.path, err) from err  # "file is not a database", "malformed"
         finally:
             db.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reading only. A WAL reader needs the ``-shm`` file, which SQLite
+        creates (32 KiB) when no other connection has it open: on a full disk that fails with a
+        disk I/O error. Then, if the ``-wal`` file is absent or empty (every commit is in the main
+        file: the last connection checkpointed it), the file is read ``immutable`` (no lock, no
+        shared memory); with WAL content the error stands (an immutable read would miss it)."""
+        fallback = False
+        with self._connect() as db:
+            try:
+                db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the WAL index
+            except sqlite3.OperationalError as err:
+                if not (_disk_full_error(err) and _wal_is_empty(self.path)):
+                    raise
+                fallback = True
+            else:
+                yield db
+        if fallback:
+            log.warning("run store %s: cannot open its WAL index (%s); reading the file immutable", self.path,
+                        "disk full?")
+            with self._connect("immutable=1") as db:
+                yield db
 
     def check_writable(self) -> None:
         """StoreError now if the file cannot be written (a no-op UPDATE still needs write access),
@@ -185,19 +237,57 @@ class RunStore:
                    sweep: dict[str, Any] | None = None) -> str:
         """Register a queued run. ``arm`` defaults to the run's name; its seed is read from the
         recipe (``train.seed``), so the column cannot disagree with what the run trains with."""
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO runs (id, name, algorithm, status, target, launcher, host, created_by, created_at,"
-                " grp, tags, notes, recipe, run_dir, launch, total_steps, arm, seed, sweep)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, name, algorithm, "queued", target, launcher, host, created_by, time.time(), group,
-                 json.dumps(list(tags)), notes, recipe_yaml, run_dir, json.dumps(launch or {}), total_steps,
-                 arm or name, recipe_seed(recipe_yaml), json.dumps(sweep or {})))
+        self.create_runs([dict(run_id=run_id, name=name, algorithm=algorithm, recipe_yaml=recipe_yaml,
+                               total_steps=total_steps, target=target, launcher=launcher, host=host,
+                               created_by=created_by, run_dir=run_dir, group=group, tags=tags, notes=notes,
+                               launch=launch, arm=arm, sweep=sweep)])
         return run_id
+
+    def create_runs(self, runs: list[dict[str, Any]],
+                    check: Callable[[dict[str, dict[str, list[dict[str, Any]]]]], None] | None = None) -> list[str]:
+        """Register queued runs (each a dict of ``create_run``'s arguments) all or none, in ONE write
+        transaction: ``check(arms)`` sees, for each group of these runs, ``arms(group)`` as it is
+        inside that transaction and may raise to refuse; nobody else can add a run between the
+        check and the inserts. A seed another run of the same group and arm already has is
+        refused (RunError naming the seeds), by the check or by the unique index."""
+        groups = sorted({r["group"] for r in runs if r.get("group")})
+        with self._write() as db:
+            if check is not None:
+                check({g: _arms_of([_run_dict(r) for r in db.execute("SELECT * FROM runs WHERE grp = ?"
+                                                                     " ORDER BY created_at, id", (g,))], g)
+                       for g in groups})
+            now = time.time()  # + i microseconds: creation order is the given order
+            for i, r in enumerate(runs):
+                arm, seed = r.get("arm") or r["name"], recipe_seed(r["recipe_yaml"])
+                if r.get("group") and seed is not None and db.execute(  # also where an older file lacks the index
+                        "SELECT 1 FROM runs WHERE grp = ? AND arm = ? AND seed = ?", (r["group"], arm, seed)).fetchone():
+                    raise _seed_taken(r["group"], arm, seed)
+                try:
+                    db.execute(
+                        "INSERT INTO runs (id, name, algorithm, status, target, launcher, host, created_by, created_at,"
+                        " grp, tags, notes, recipe, run_dir, launch, total_steps, arm, seed, sweep)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (r["run_id"], r["name"], r["algorithm"], "queued", r["target"], r["launcher"], r["host"],
+                         r["created_by"], now + i * 1e-6, r.get("group"), json.dumps(list(r.get("tags") or ())),
+                         r.get("notes", ""),
+                         r["recipe_yaml"], r["run_dir"], json.dumps(r.get("launch") or {}), r["total_steps"],
+                         arm, seed, json.dumps(r.get("sweep") or {})))
+                except sqlite3.IntegrityError as err:
+                    if "runs.grp" not in str(err):
+                        raise
+                    raise _seed_taken(r["group"], arm, seed) from None
+        return [r["run_id"] for r in runs]
+
+    def duplicate_seeds(self) -> list[dict[str, Any]]:
+        """(group, arm, seed, run ids) wherever runs of one arm share a seed: only in a file made
+        before seeds were unique (see ``_migrate``); such an arm cannot be compared honestly."""
+        with self._read() as db:
+            return [{"group": r["grp"], "arm": r["arm"], "seed": r["seed"], "ids": r["ids"].split()}
+                    for r in db.execute(_DUPLICATE_SEEDS_SQL)]
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """The run's row as a dict (``group``, parsed ``tags`` / ``handle`` / ``launch``)."""
-        with self._connect() as db:
+        with self._read() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise RunError(f"run id={run_id!r} does not exist; `python -m workbench runs list` shows the runs")
@@ -210,7 +300,7 @@ class RunStore:
             statuses = tuple(statuses)
             query += f" WHERE status IN ({','.join('?' * len(statuses))})"
             args = statuses
-        with self._connect() as db:
+        with self._read() as db:
             return [_run_dict(r) for r in db.execute(query + " ORDER BY created_at, id", args)]
 
     def list_runs(self, status: str | None = None, group: str | None = None, tag: str | None = None) -> pd.DataFrame:
@@ -224,7 +314,7 @@ class RunStore:
         return frame.iloc[::-1].reset_index(drop=True)
 
     def groups(self) -> pd.DataFrame:
-        with self._connect() as db:
+        with self._read() as db:
             rows = db.execute("SELECT grp AS \"group\", COUNT(*) AS runs, MIN(created_at) AS created_at FROM runs"
                               " WHERE grp IS NOT NULL GROUP BY grp ORDER BY created_at DESC").fetchall()
         return pd.DataFrame([dict(r) for r in rows], columns=["group", "runs", "created_at"])
@@ -232,12 +322,7 @@ class RunStore:
     def arms(self, group: str) -> dict[str, list[dict[str, Any]]]:
         """arm -> its runs (row dicts, each with ``seed``) in the group: arms in order of their first
         run, runs by seed then creation. ``{}`` for a group without runs."""
-        by_arm: dict[str, list[dict[str, Any]]] = {}
-        for run in self.runs():
-            if run["group"] == group:
-                by_arm.setdefault(run["arm"], []).append(run)
-        return {arm: sorted(runs, key=lambda r: (r["seed"] is None, r["seed"] or 0, r["created_at"]))
-                for arm, runs in by_arm.items()}
+        return _arms_of(self.runs(), group)
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         """Set columns of a run (JSON columns take Python objects; ``group`` is the ``grp`` column)."""
@@ -326,20 +411,24 @@ class RunStore:
 
     # -- ingest --------------------------------------------------------------------------------
     def ingest(self, run_id: str, events: list[Any], *, offset: tuple[int, int] | None = None,
-               warning: str | None = None) -> int:
+               warning: str | None = None, inode: tuple[str | None, str | None] | None = None) -> int:
         """Store events; returns how many rows were new.
 
         ``offset=(old, new)``: the events are the stream's bytes [old, new). The offset moves only
         if it still equals ``old`` (compare-and-set), so two collectors reading the same bytes
         cannot both apply them (nor count their bad lines or their ``warning`` twice); the loser's
-        rows are ignored by the primary keys anyway. ``warning``: something the reader noticed
-        about the stream (it shrank), kept in the run's ``warnings``.
+        rows are ignored by the primary keys anyway. ``inode=(old, new)``: the identity of the
+        file those bytes were read from (``"dev:ino"``; see ``read_file_events``), part of the same
+        compare-and-set. ``warning``: something the reader noticed about the stream (it shrank, it
+        was replaced), kept in the run's ``warnings``.
         """
         new, bad = 0, []
         with self._write() as db:
             if offset is not None:
-                moved = db.execute("UPDATE runs SET events_offset = ? WHERE id = ? AND events_offset = ?",
-                                   (offset[1], run_id, offset[0])).rowcount
+                old_inode, new_inode = inode if inode is not None else (None, None)
+                moved = db.execute("UPDATE runs SET events_offset = ?, events_inode = COALESCE(?, events_inode)"
+                                   " WHERE id = ? AND events_offset = ? AND (? = 0 OR events_inode IS ?)",
+                                   (offset[1], new_inode, run_id, offset[0], int(inode is not None), old_inode)).rowcount
                 if not moved:
                     return 0
             for event in events:
@@ -383,7 +472,7 @@ class RunStore:
         return pd.DataFrame.from_records(records, columns=columns) if records else pd.DataFrame(columns=columns)
 
     def diagnostic_steps(self, run_id: str) -> list[int]:
-        with self._connect() as db:
+        with self._read() as db:
             return [r[0] for r in db.execute("SELECT step FROM diagnostics WHERE run_id = ? ORDER BY step", (run_id,))]
 
     def diagnostics(self, run_id: str, step: int) -> dict[str, Any]:
@@ -405,14 +494,17 @@ class RunStore:
         if step is not None:
             query += " AND step = ?"
             args.append(step)
-        with self._connect() as db:
+        with self._read() as db:
             return db.execute(query + " ORDER BY run_id, step", args).fetchall()
 
 
 def _migrate(db: sqlite3.Connection) -> set[str]:
-    """Add columns that files made by older versions lack; returns the runs table's columns.
-    Runs made before arms existed get their name as arm and their recipe's seed."""
-    columns = {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
+    """Add columns that files made by older versions lack, and the unique (group, arm, seed)
+    index; returns the runs table's columns. Runs made before arms existed get their name as arm
+    and their recipe's seed. Where the file already holds two runs with the same group, arm and
+    seed (launched at once before the index existed), the index cannot be made: the file stays
+    usable, the pairs are logged (``RunStore.duplicate_seeds``) and the verdict refuses them."""
+    columns = _columns(db)
     for name, spec in _ADDED_COLUMNS.items():
         if name not in columns:
             try:
@@ -424,7 +516,38 @@ def _migrate(db: sqlite3.Connection) -> set[str]:
     for row in db.execute("SELECT id, name, recipe FROM runs WHERE arm IS NULL").fetchall():  # idempotent
         db.execute("UPDATE runs SET arm = ?, seed = ? WHERE id = ? AND arm IS NULL",
                    (row["name"], recipe_seed(row["recipe"]), row["id"]))
+    try:
+        db.execute(_UNIQUE_SEED_SQL)
+    except sqlite3.IntegrityError:
+        pairs = [f"{r['grp']}/{r['arm']}/seed {r['seed']}: {r['ids']}" for r in db.execute(_DUPLICATE_SEEDS_SQL)]
+        log.warning("run store: runs share a group, arm and seed, so seeds are not unique per arm there "
+                    "(the verdict refuses those arms until one of each is deleted): %s", "; ".join(pairs[:10]))
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return columns
+
+
+def _columns(db: sqlite3.Connection) -> set[str]:
+    return {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
+
+
+def _has_unique_seed_index(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (UNIQUE_SEED_INDEX,)).fetchone() is not None
+
+
+def _disk_full_error(err: sqlite3.Error) -> bool:
+    """SQLite's "disk I/O error" (the ``-shm`` file cannot be grown) or "database or disk is full"."""
+    name = getattr(err, "sqlite_errorname", "") or ""
+    return name.startswith("SQLITE_IOERR") or name == "SQLITE_FULL" or "disk" in str(err)
+
+
+def _wal_is_empty(path: Path) -> bool:
+    """No ``-wal`` file, or an empty one: the main file holds every commit."""
+    try:
+        return path.with_name(path.name + "-wal").stat().st_size == 0
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def recipe_seed(recipe_yaml: str) -> int | None:
@@ -437,6 +560,21 @@ def recipe_seed(recipe_yaml: str) -> int | None:
     train = data.get("train") if isinstance(data, dict) else None
     seed = (train or {}).get("seed", 0) if isinstance(train, (dict, type(None))) else None
     return seed if _is_int(seed) else None
+
+
+def _seed_taken(group: str, arm: str, seed: int) -> RunError:
+    return RunError(f"group {group!r} already has arm {arm!r} with seed {seed}: a run with the same seed is a copy, "
+                    "not a replicate; nothing was launched")
+
+
+def _arms_of(runs: list[dict[str, Any]], group: str) -> dict[str, list[dict[str, Any]]]:
+    """``RunStore.arms`` of row dicts (oldest first)."""
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run["group"] == group:
+            by_arm.setdefault(run["arm"], []).append(run)
+    return {arm: sorted(runs, key=lambda r: (r["seed"] is None, r["seed"] or 0, r["created_at"]))
+            for arm, runs in by_arm.items()}
 
 
 def _run_dict(row: sqlite3.Row) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
@@ -30,7 +31,7 @@ STDOUT_FILE = "stdout.log"
 EXIT_CODE_FILE = "exit_code"
 
 __all__ = ["EVENTS_FILE", "EXIT_CODE_FILE", "STDOUT_FILE", "ConfigError", "EventChunk", "LAUNCHERS", "LaunchError",
-           "Launcher", "UnreadableLine", "parse_events", "read_file_events", "status_from_exit_code",
+           "Launcher", "UnreadableLine", "file_identity", "log_cause", "parse_events", "read_file_events", "status_from_exit_code",
            "target_scheme"]
 
 
@@ -58,6 +59,9 @@ class EventChunk:
     events: list[Any] = field(default_factory=list)
     offset: int = 0
     warning: str | None = None
+    inode: str | None = None
+    """``"dev:ino"`` of the file the bytes were read from (None: not a local file); the store
+    keeps it beside the offset, so a replaced file (a new inode) is noticed."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,10 @@ def parse_events(data: bytes, offset: int, prefix: bytes = b"") -> EventChunk:
     """Parse the complete lines of ``data`` (which starts at byte ``offset`` of the stream).
 
     Only lines ending in a newline are consumed, so a line being written is read next time.
-    With ``prefix`` (stdout mirrors), only lines starting with it are events.
+    With ``prefix`` (stdout mirrors), only lines starting with it are events. A line that is not
+    JSON but ends with a whole event (a torn line, cut by a truncation or a crash mid-write, that
+    the next event was appended to) gives both: the torn part is skipped and counted, the event
+    after it is kept (``_split_glued``).
     """
     end = data.rfind(b"\n") + 1
     events: list[Any] = []
@@ -145,32 +152,64 @@ def parse_events(data: bytes, offset: int, prefix: bytes = b"") -> EventChunk:
         try:
             events.append(json.loads(line))
         except (ValueError, RecursionError):  # torn by a crash mid-write, garbage, or nested too deep
-            events.append(UnreadableLine(line))
+            events.extend(_split_glued(line))
     return EventChunk(events, offset + end)
 
 
-def read_file_events(path: Path, offset: int) -> EventChunk:
+EVENT_START = b'{"kind": '  # how EventWriter begins every line (json.dumps with ``kind`` first)
+
+
+def _split_glued(line: bytes) -> list[Any]:
+    """An unreadable line as [UnreadableLine(torn part), event] when it ends with a whole event
+    that starts at some ``EVENT_START`` after its first byte, else [UnreadableLine(line)]."""
+    start = line.find(EVENT_START, 1)
+    while start > 0:
+        try:
+            event = json.loads(line[start:])
+        except (ValueError, RecursionError):
+            event = None
+        if isinstance(event, dict) and "kind" in event:
+            return [UnreadableLine(line[:start]), event]
+        start = line.find(EVENT_START, start + 1)
+    return [UnreadableLine(line)]
+
+
+def file_identity(st: os.stat_result) -> str:
+    """``"dev:ino"``: the same path with another identity is another file (replaced by a rename)."""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def read_file_events(path: Path, offset: int, inode: str | None = None) -> EventChunk:
     """New complete events of the event file ``path`` from byte ``offset`` (none while it does not exist).
 
     The stream is append-only, so byte ``offset - 1`` is the newline that ended the last line the
-    store took. If the file is now shorter than ``offset``, or that byte is no longer a newline,
-    the file was truncated or replaced: lines written since would be lost silently, so it is read
-    again from the start (the store keeps the rows it has; keys make the replay add only new ones)
-    and the chunk carries a warning for the run.
+    store took, in the file ``inode`` (``file_identity``; None: not known yet). If the path now
+    names another file (``cp`` then ``mv`` over it), or the file is shorter than ``offset``, or that
+    byte is no longer a newline, it was replaced or truncated: lines written since would be lost
+    silently, so it is read again from the start (the store keeps the rows it has; keys make the
+    replay add only new ones) and the chunk carries a warning for the run.
     """
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(max(offset - 1, 0))
-            data = f.read()
-            if offset == 0 or data[:1] == b"\n":
-                return parse_events(data[1:] if offset else data, offset)
+            st = os.fstat(f.fileno())
+            identity, size = file_identity(st), st.st_size
+            replaced = inode is not None and identity != inode
+            if not replaced:
+                f.seek(max(offset - 1, 0))
+                data = f.read()
+                if offset == 0 or data[:1] == b"\n":
+                    chunk = parse_events(data[1:] if offset else data, offset)
+                    chunk.inode = identity
+                    return chunk
             f.seek(0)
             data = f.read()
     except FileNotFoundError:
-        return EventChunk([], offset)
+        return EventChunk([], offset, inode=inode)
     chunk = parse_events(data, 0)
-    chunk.warning = (f"{path.name} shrank from {offset} bytes ingested to {size} bytes (truncated or replaced); "
+    chunk.inode = identity
+    chunk.warning = (f"{path.name} was replaced by another file (a new inode) after {offset} bytes were ingested; "
+                     "read again from the start" if replaced else
+                     f"{path.name} shrank from {offset} bytes ingested to {size} bytes (truncated or replaced); "
                      "read again from the start" if size < offset else
                      f"{path.name} was rewritten before byte {offset} (replaced); read again from the start")
     return chunk
@@ -192,6 +231,29 @@ def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple
         return "failed", f"{where} killed by {name} (exit code {code})"
     last = _last_line(log_path) if log_path is not None else ""
     return "failed", f"{where} exited with code {code}" + (f": {last}" if last else "")
+
+
+# The last line of a Python traceback: ``OSError: [Errno 28] No space left on device``,
+# ``torch.OutOfMemoryError: ...``, ``KeyboardInterrupt`` (an exception's dotted name at column 0).
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure)(?::\s.*)?$")
+_WRAPPER_EXCEPTIONS = ("subprocess.CalledProcessError",)  # accelerate's launcher re-raising a worker's exit
+
+
+def log_cause(path: Path, max_bytes: int = 65536) -> str:
+    """Why a process died, from its log: the last traceback's final line in the last ``max_bytes``
+    (at most 500 characters), skipping a launcher's re-raise of its worker's exit; "" when the
+    log shows no traceback (nothing to go on: the caller keeps ``lost``)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    if not any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return ""
+    causes = [line.rstrip() for line in lines if _EXCEPTION_LINE.match(line.rstrip())
+              and not line.startswith(_WRAPPER_EXCEPTIONS)]
+    return causes[-1][:500] if causes else ""
 
 
 def _last_line(path: Path, max_bytes: int = 4096) -> str:

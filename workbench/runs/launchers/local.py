@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from workbench.export.commands import shell_join, train_command
 from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError,
-                                           Launcher, read_file_events, status_from_exit_code)
+                                           Launcher, log_cause, read_file_events, status_from_exit_code)
 
 # `setsid` gives the run its own process group (cancel signals the whole group: accelerate's
 # launcher and every rank); `&` + `echo $!` returns at once, so init adopts the wrapper.
@@ -165,15 +165,21 @@ class LocalLauncher(Launcher):
             _signal_group(pgid, signal.SIGKILL)  # the wrapper itself is stuck: no exit code then
 
     def read_events(self, run: dict) -> EventChunk:
-        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0))
+        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0),
+                                run.get("events_inode"))
 
     def exit_status(self, run: dict) -> tuple[str | None, str | None]:
-        """After the process is gone: (status, error) from the wrapper's exit code, if it wrote one."""
+        """After the process is gone: (status, error) from the wrapper's exit code, if it wrote one.
+        Without one (the wrapper was killed, or could not write it: a full disk), the trainer's
+        log may still say why: a traceback's last line (``OSError: [Errno 28] No space left on
+        device``) makes the run ``failed`` with it; no traceback leaves nothing to go on."""
+        log_path = Path(run["run_dir"]) / STDOUT_FILE
         try:
             code = int((Path(run["run_dir"]) / EXIT_CODE_FILE).read_text().strip())
         except (OSError, ValueError):
-            return None, None  # the wrapper itself was killed: nothing to go on
-        return status_from_exit_code(code, Path(run["run_dir"]) / STDOUT_FILE, "trainer process")
+            cause = log_cause(log_path)
+            return ("failed", f"the trainer process ended without a final status event: {cause}") if cause else (None, None)
+        return status_from_exit_code(code, log_path, "trainer process")
 
 
 def _wrapper_alive(run: dict) -> bool:
