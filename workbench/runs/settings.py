@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from workbench.home import workbench_home
+from workbench.yamlsafe import YamlInputError, read_yaml_file
 
 SETTINGS_FILE = "settings.yaml"
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -131,7 +132,9 @@ def load_settings(home: Path | None = None) -> Settings:
     if not path.exists():
         return Settings()
     try:
-        return Settings.model_validate(yaml.safe_load(path.read_text()) or {})
+        return Settings.model_validate(read_yaml_file(path) or {})
+    except YamlInputError as err:
+        raise SettingsError(f"{path}: {err}") from None
     except ValidationError as err:
         from workbench.recipe import format_validation_error
 

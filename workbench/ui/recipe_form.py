@@ -2,7 +2,8 @@
 
 The pure part (:func:`field_specs`, :func:`parse_field`, :func:`validate_form`,
 :func:`comparison_recipes`) knows nothing of Streamlit and is unit tested; :func:`render_form`
-only places widgets. Typed values are parsed with ``yaml.safe_load`` (plain data, never code);
+only places widgets. Typed values are parsed by ``workbench.yamlsafe`` (plain data, never code; no
+aliases, bounded size and depth);
 reward functions are limited to the built-in registry and datasets to files inside the workbench
 home, so nothing typed into the page can make a run import or read arbitrary code or files.
 """
@@ -23,6 +24,7 @@ from workbench.engine.rewards import REWARD_REGISTRY
 from workbench.engine.tasks import TASKS
 from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
+from workbench.yamlsafe import MAX_VALUE_CHARS, YamlInputError, load_yaml, short
 
 SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
             "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation", "lora": "LoRA", "teacher": "Distillation"}
@@ -145,13 +147,15 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
     """A widget's value as the recipe value; ValueError naming the field and value otherwise."""
     if spec.path == "task":
         return None if raw == NO_TASK else raw
+    if isinstance(raw, str) and len(raw) > MAX_VALUE_CHARS:
+        raise ValueError(f"{spec.path}={short(raw)}: at most {MAX_VALUE_CHARS} characters")
     if spec.path == "dataset":
         text = (raw or "").strip()
         return str(confined_path(text, field="dataset")) if text else None
     if spec.path == "model":
         text = (raw or "").strip()
         if not _MODEL_REF.match(text) or ".." in text:
-            raise ValueError(f"model={text!r} is not allowed; 'tiny' or a Hugging Face id like 'org/name'")
+            raise ValueError(f"model={short(text)} is not allowed; 'tiny' or a Hugging Face id like 'org/name'")
         return text
     if spec.kind == "text" and spec.optional:
         return raw if raw.strip() else None
@@ -163,9 +167,11 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
             return None
         raise ValueError(f"{spec.path}='' is empty; enter a value")
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise ValueError(f"{spec.path}={text!r} is not a number, list or None") from None
+        return load_yaml(text)
+    except YamlInputError as err:
+        if str(err).startswith("not valid YAML"):
+            raise ValueError(f"{spec.path}={short(text)} is not a number, list or None") from None
+        raise ValueError(f"{spec.path}={short(text)}: {err}") from None
 
 
 def pydantic_errors(err: ValidationError) -> dict[str, str]:
