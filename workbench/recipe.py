@@ -636,7 +636,7 @@ class Recipe(_Section):
                 node = node[part]
             if parts[-1] not in node:
                 raise RecipeError(f"--set {item}: unknown field {short(key)}; fields here: {', '.join(node)}")
-            node[parts[-1]] = _yaml_value(raw, f"--set {item}", hint="; quote text, e.g. name='my run'")
+            node[parts[-1]] = _yaml_value(raw, f"--set {item}", root=key.strip()[:80], hint="; quote text, e.g. name='my run'")
             if parts == ["model"] and isinstance(node["model"], dict) and "lora" in node["model"]:
                 data.pop("lora", None)  # --set model={name, lora} replaces the lora section it carries
             try:
@@ -655,11 +655,11 @@ def _section_defaults(data: dict[str, Any]) -> dict[str, Any]:
             for key, value in data.items()}
 
 
-def _yaml_value(text: str, where: str, hint: str = "", *, max_chars: int | None = None) -> Any:
+def _yaml_value(text: str, where: str, hint: str = "", *, max_chars: int | None = None, root: str = "") -> Any:
     """``text`` parsed as YAML by the limited loader (workbench.yamlsafe: no aliases, bounded
     size, depth and integers); RecipeError naming ``where`` and the problem in one line."""
     try:
-        return load_yaml(text, **({"max_chars": max_chars} if max_chars else {}))
+        return load_yaml(text, root=root, **({"max_chars": max_chars} if max_chars else {}))
     except YamlInputError as err:
         syntax = str(err).startswith("not valid YAML")
         raise RecipeError(f"{where}: {err}{hint if syntax else ''}") from None

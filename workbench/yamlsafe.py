@@ -70,9 +70,10 @@ def _small(value: Any, budget: int = 10_000) -> bool:
 class _LimitedLoader(yaml.SafeLoader):
     """SafeLoader that checks every node while the document is composed (before construction)."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, root: str = "") -> None:
         super().__init__(stream)
-        self._path: list[str] = []
+        self._path: list[str] = root.split(".") if root else []  # where the document sits (a --set key)
+        self._root = len(self._path)
         self._nodes = 0
 
     def _where(self) -> str:
@@ -89,14 +90,14 @@ class _LimitedLoader(yaml.SafeLoader):
             self._nodes += 1
             if self._nodes > MAX_NODES:
                 raise YamlInputError(f"more than {MAX_NODES} values in one document: at most {MAX_NODES}")
-            if len(self._path) > MAX_DEPTH:
+            if len(self._path) - self._root > MAX_DEPTH:
                 raise YamlInputError(f"{'.'.join(self._path[:3])}...: nested more than {MAX_DEPTH} levels deep; "
                                      f"at most {MAX_DEPTH}")
             node = super().compose_node(parent, index)
             if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int":
                 digits = sum(c.isdigit() for c in node.value)
                 if digits > MAX_INT_DIGITS:
-                    raise YamlInputError(f"{self._where()}=<an integer of {digits} digits>: at most "
+                    raise YamlInputError(f"{'.'.join(self._path) + '=' if self._path else ''}<an integer of {digits} digits>: at most "
                                          f"{MAX_INT_DIGITS} digits (every number of a recipe is bounded far below)")
             return node
         finally:
@@ -112,12 +113,13 @@ def _syntax_error(err: yaml.YAMLError) -> str:
     return f"not valid YAML ({problem[:SHOWN_CHARS]}{at})"
 
 
-def load_yaml(text: str, *, max_chars: int = MAX_VALUE_CHARS) -> Any:
+def load_yaml(text: str, *, max_chars: int = MAX_VALUE_CHARS, root: str = "") -> Any:
     """``text`` as plain data (``None`` for an empty document), within the limits above.
-    YamlInputError (one line, no location prefix: the caller names the field or file)."""
+    ``root``: the field the text is the value of (``task_config`` for ``--set task_config=...``),
+    so a refusal names ``task_config.min_terms``. YamlInputError, one line."""
     if len(text) > max_chars:
         raise YamlInputError(f"{len(text)} characters: at most {max_chars}")
-    loader = _LimitedLoader(text)
+    loader = _LimitedLoader(text, root)
     try:
         return loader.get_single_data()
     except yaml.YAMLError as err:

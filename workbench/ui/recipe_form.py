@@ -167,7 +167,7 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
             return None
         raise ValueError(f"{spec.path}='' is empty; enter a value")
     try:
-        return load_yaml(text)
+        return load_yaml(text, root=spec.path)
     except YamlInputError as err:
         if str(err).startswith("not valid YAML"):
             raise ValueError(f"{spec.path}={short(text)} is not a number, list or None") from None
