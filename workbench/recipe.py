@@ -283,7 +283,7 @@ class Sampling(_Section):
     """Sampling temperature (log-probs are computed at the same temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
-    max_completion_length: int = Field(8, ge=1)  # upper bound: the model's context (Recipe._cross)
+    max_completion_length: int = Field(8, ge=1, le=2**31 - 1)  # the real bound, the model's context, in Recipe._cross
     """L_max: completions are cut here (and the Dr. GRPO normaliser uses it). Prompt + completion must fit the model's positions."""
     max_prompt_length: int | None = Field(None, ge=1, le=MAX_COMPLETION_LENGTH)
     """Longer prompts keep their last tokens (left truncation, as TRL; counted in prompts/truncated_ratio). None = no limit."""
