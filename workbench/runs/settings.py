@@ -110,8 +110,20 @@ class Settings(_Strict):
     slurm: SlurmDefaults = Field(default_factory=SlurmDefaults)
     cpu_slots: int = Field(3, ge=1)
     """Concurrent local CPU runs (1 thread each); more wait in the queue. 3 fits the quick comparison."""
+    reward_funcs_allowed: list[str] = Field(default_factory=list)
+    """Import references ('package.module:function') the app may offer as reward functions besides the built-ins. The app imports nothing else: importing a module runs its code, and who types in the app does not own the server. The CLI is not limited by this list."""
     gpu_slots: int | None = Field(None, ge=0)
     """Local GPUs runs may take: the first N visible devices (None: all of them; 0: none, local runs use the CPU slots). Each run takes one free device per process and waits until that many are free; a run needing more than there are fails at once."""
+
+    @field_validator("reward_funcs_allowed")
+    @classmethod
+    def _references(cls, value: list[str]) -> list[str]:
+        from workbench.engine.rewards import is_import_reference
+
+        for ref in value:
+            if not is_import_reference(ref):
+                raise ValueError(f"reward_funcs_allowed: {ref!r:.80} is not an import reference 'package.module:function'")
+        return value
 
     @field_validator("ssh_hosts")
     @classmethod

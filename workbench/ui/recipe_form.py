@@ -4,8 +4,9 @@ The pure part (:func:`field_specs`, :func:`parse_field`, :func:`validate_form`,
 :func:`comparison_recipes`) knows nothing of Streamlit and is unit tested; :func:`render_form`
 only places widgets. Typed values are parsed by ``workbench.yamlsafe`` (plain data, never code; no
 aliases, bounded size and depth);
-reward functions are limited to the built-in registry and datasets to files inside the workbench
-home, so nothing typed into the page can make a run import or read arbitrary code or files.
+reward functions are limited to the built-ins and the import references an admin allowed
+(settings ``reward_funcs_allowed``), datasets to files inside the workbench home, so nothing typed
+into the page can make a run import or read arbitrary code or files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import streamlit as st
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workbench.engine.rewards import REWARD_REGISTRY
+from workbench.engine.rewards import app_reward_choices
 from workbench.engine.tasks import TASKS
 from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
@@ -106,12 +107,24 @@ def field_specs() -> list[FieldSpec]:
         FieldSpec("dataset", "text", (top["dataset"].description or "") + " Path relative to the workbench home.",
                   optional=True),
         FieldSpec("reward_funcs", "multi", (top["reward_funcs"].description or "").split("(default")[0]
-                  + "(built-in names only here; default: the task's).", tuple(sorted(REWARD_REGISTRY))),
+                  + "(here: the built-ins and the references allowed in settings; default: the task's).",
+                  app_reward_choices(allowed_reward_refs())),
         FieldSpec("reward_weights", "value", top["reward_weights"].description or "", optional=True),
     ]
     for section in SECTIONS:
         specs += _section_specs(section, top[section].annotation)
     return specs
+
+
+def allowed_reward_refs() -> tuple[str, ...]:
+    """settings.yaml's reward_funcs_allowed (none when the settings do not load: the Launch page
+    shows that error itself)."""
+    from workbench.runs.settings import SettingsError, load_settings
+
+    try:
+        return tuple(load_settings().reward_funcs_allowed)
+    except SettingsError:
+        return ()
 
 
 def get_path(data: dict, path: str) -> Any:
@@ -159,7 +172,12 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
         return text
     if spec.kind == "text" and spec.optional:
         return raw if raw.strip() else None
-    if spec.kind in ("choice", "bool", "multi", "text"):
+    if spec.kind == "multi":  # a crafted client can send any list: only the offered choices pass
+        unknown = [v for v in raw or [] if v not in spec.choices]
+        if unknown:
+            raise ValueError(f"{spec.path}={short(unknown[0])} is not allowed here; allowed: {', '.join(map(str, spec.choices))}")
+        return list(raw or [])
+    if spec.kind in ("choice", "bool", "text"):
         return raw
     text = str(raw).strip()
     if not text:
@@ -325,8 +343,9 @@ def _widget(spec: FieldSpec, error: str | None) -> None:
     label, key, help_ = spec.label, spec.key, spec.help
     if spec.kind == "choice":
         st.selectbox(label, spec.choices, key=key, help=help_)
-    elif spec.kind == "multi":
-        st.multiselect(label, spec.choices, key=key, help=help_)
+    elif spec.kind == "multi":  # a value not offered (a previous run's, launched from the CLI) stays visible,
+        held = [v for v in st.session_state.get(key) or [] if v not in spec.choices]  # refused by parse_field
+        st.multiselect(label, [*spec.choices, *held], key=key, help=help_)
     elif spec.kind == "bool":
         st.checkbox(label, key=key, help=help_)
     else:
