@@ -54,6 +54,9 @@ def _cmd_train(args) -> int:
     from workbench.engine.distill import check_teacher  # tokenizers only: a teacher must share the student's
 
     check_teacher(recipe)
+    from workbench.engine.precheck import check_run_inputs  # datasets and reward functions, before the run dir
+
+    check_run_inputs(recipe)
     from workbench.engine.trainer import train  # heavy imports only when training
 
     status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(),

@@ -9,9 +9,10 @@ fails with an error naming the field, the value and what is allowed.
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -40,6 +41,7 @@ from workbench.core.choices import (
 )
 from workbench.core.registry import check_choice
 from workbench.home import confined_path, workbench_home
+from workbench.yamlsafe import MAX_FILE_BYTES, YamlInputError, load_yaml, read_yaml_file, short
 from workbench.model_facts import (ASSUMED_PROMPT_TOKENS, LLAMA_LINEAR_MODULES, TINY_MAX_POSITIONS, TINY_MODEL,
                                    VLLM_CPU_KVCACHE_GIB, VLLM_GPU_MEMORY_UTILIZATION, TrainingFootprint, builtin_model_names, format_bytes,
                                    gpu_memory_bytes, host_memory_bytes, model_facts, training_footprint)
@@ -76,6 +78,22 @@ MAX_LORA_ALPHA = 16 * MAX_LORA_RANK  # lora.alpha: alpha / r scales the update (
 MAX_COEF = 1000.0
 MAX_LR = 1.0  # optim.lr / critic_lr: AdamW steps of ~lr per parameter; LM RL uses 1e-7 to 1e-3
 MAX_TEMPERATURE = 10.0  # sampling / eval temperature: above ~2 the samples are already near uniform
+# The rest of the numbers: each bound is far outside what the maths is used with, and inside what it
+# survives (1e300 is finite, passes allow_inf_nan=False, and overflowed at step 0). A test tries
+# +-1e300 on every numeric field of the schema, so a new field needs its bounds too.
+MAX_EPS = 10.0  # eps_low / eps_high: PPO 0.2, DAPO 0.28, GMPO 0.4 (log-ratio), CISPO's absolute cap ~5
+MAX_RATIO_CAP = 1e6  # clip_c / delta (verl dual clip 3, DPPO TIS cap 20, the dppo preset 1e4 = "no cap"): > 1 + eps_high
+MAX_SAPO_TAU = 100.0  # SAPO gate temperatures (TRL / verl 1.0, 1.05); the gate is 4/tau sigmoid(tau (r - 1))
+MAX_COV_BOUND = 1e6  # Clip-Cov covariance bounds (verl 1, 5): (A - mean A)(logp - mean logp)
+MAX_NATS = 100.0  # entropy target, OPSM / off-policy mask thresholds: per-token nats (ln(vocab) ~ 12)
+MAX_IS_WEIGHT = 1000.0  # rollout_correction bounds (TRL 3, verl 2, IcePop 5)
+MAX_VALUE_CLIP = 1e4  # PPO value clip, in reward units (0.2 usual)
+MAX_GRAD_NORM = 1e6  # optim.max_grad_norm (1.0 usual)
+MAX_WEIGHT_DECAY = 1.0  # AdamW's decoupled decay multiplies the weights by 1 - lr * wd each step (0.0-0.1 usual)
+MAX_REWARD_FUNCS = 64
+MAX_NAME_CHARS = 64  # Recipe.name: the run directory is a slug of it (runs/names.py slug)
+MAX_TEXT_CHARS = 1 << 16  # description, system_prompt
+MAX_REF_CHARS = 4096  # model, task, dataset paths and references
 
 MAX_EVAL_PROMPTS = 4096
 #: Tasks named ``reasoning_gym/<dataset>`` come from PyPI reasoning-gym (engine/reasoning.py).
@@ -133,19 +151,19 @@ class Algorithm(_Section):
     """GRPO std: group (GRPO), batch (TRL scale_rewards='batch'), none (Dr. GRPO, no std bias)."""
     gpg_alpha: str = "paper"
     """advantage=gpg only: batch rescaling alpha: paper (B / (B - M), M = completions of all-equal groups), verl (B / non-zero rewards, verl's compute_gpg_outcome_advantage), none."""
-    adv_eps: float = Field(1e-6, ge=0)
+    adv_eps: float = Field(1e-6, ge=0, le=1)
     """Added to the std in GRPO (TRL 1e-4, verl 1e-6); matters only for near-constant groups."""
     whiten_advantages: bool = False
     """Masked whitening of advantages over the batch (usual for PPO/GAE); rescales the step."""
     policy_loss: str = "clip"
     """clip (PPO/GRPO/DAPO), gspo (sequence ratio), cispo (clipped IS weight, no zeroed gradients), reinforce, sapo (soft sigmoid gate), gmpo (geometric mean of log-clipped ratios), dppo_tv / dppo_kl (trust region on probability divergence), clip_cov / kl_cov (covariance-selected tokens), gpg (-A logp)."""
-    eps_low: float = Field(0.2, ge=0)
+    eps_low: float = Field(0.2, ge=0, le=MAX_EPS)
     """Lower clip: ratio below 1 - eps_low stops negative-advantage updates (PPO 0.2)."""
-    eps_high: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.2, ge=0, le=MAX_EPS)
     """Upper clip (DAPO clip-higher 0.28 keeps exploration; GSPO ~4e-4; CISPO absolute cap ~5)."""
-    clip_c: float | None = None
+    clip_c: float | None = Field(None, gt=1, le=MAX_RATIO_CAP)
     """Dual clip (verl clip_ratio_c, e.g. 3): caps the loss of A<0 tokens whose ratio exploded."""
-    delta: float | None = None
+    delta: float | None = Field(None, gt=1, le=MAX_RATIO_CAP)
     """TRL's two-sided clip: caps the unclipped ratio at delta (same forward values as clip_c)."""
     gspo_variant: str = "sequence"
     """GSPO sequence ratio (paper) or verl's token variant (same value, per-token gradient)."""
@@ -153,15 +171,15 @@ class Algorithm(_Section):
     """CISPO weight bounds: relative [1-eps_low, 1+eps_high] (verl) or absolute cap eps_high (TRL)."""
     reinforce_form: str = "logp"
     """Vanilla PG surrogate: -A logp or -A ratio (same gradient on-policy)."""
-    sapo_tau_pos: float = Field(1.0, gt=0)
+    sapo_tau_pos: float = Field(1.0, gt=0, le=MAX_SAPO_TAU)
     """SAPO gate temperature for A > 0 (TRL sapo_temperature_pos, verl tau_pos): higher closes the soft trust region faster."""
-    sapo_tau_neg: float = Field(1.05, gt=0)
+    sapo_tau_neg: float = Field(1.05, gt=0, le=MAX_SAPO_TAU)
     """SAPO gate temperature for A <= 0 (TRL sapo_temperature_neg, verl tau_neg; > tau_pos damps negative updates sooner)."""
     clip_cov_ratio: float = Field(2e-4, gt=0, le=1)
     """Clip-Cov: fraction of tokens, drawn among those with covariance in (clip_cov_lb, clip_cov_ub), whose gradient is cut (verl 2e-4)."""
-    clip_cov_lb: float = 1.0
+    clip_cov_lb: float = Field(1.0, ge=-MAX_COV_BOUND, le=MAX_COV_BOUND)
     """Clip-Cov lower covariance bound (verl 1.0)."""
-    clip_cov_ub: float = 5.0
+    clip_cov_ub: float = Field(5.0, ge=-MAX_COV_BOUND, le=MAX_COV_BOUND)
     """Clip-Cov upper covariance bound (verl 5.0)."""
     kl_cov_ratio: float = Field(2e-4, gt=0, le=1)
     """KL-Cov: fraction of tokens with the highest covariance that get the |log ratio| penalty (verl 2e-4)."""
@@ -181,7 +199,7 @@ class Algorithm(_Section):
     """Entropy bonus coefficient (against entropy collapse); 0 in TRL and verl by default. With use_adaptive_entropy, the coefficient's start value."""
     use_adaptive_entropy: bool = False
     """Adaptive entropy control (Skywork-OR1; TRL use_adaptive_entropy): after each optimiser update the coefficient moves by entropy_coef_delta, up while the update's mean loss-token entropy is <= entropy_target and down otherwise, within [entropy_coef_min, entropy_coef_max]; the bonus applies only while entropy is <= entropy_target. Logged as entropy_coef."""
-    entropy_target: float = Field(0.2, ge=0)
+    entropy_target: float = Field(0.2, ge=0, le=MAX_NATS)
     """Target mean per-token entropy in nats (TRL 0.2, Skywork-OR1 0.2); set it near the entropy of the first steps."""
     entropy_coef_delta: float = Field(0.005, ge=0, le=MAX_COEF)
     """Step of the adaptive coefficient per optimiser update (TRL 0.005; Skywork-OR1 1e-4)."""
@@ -189,17 +207,17 @@ class Algorithm(_Section):
     """Lower bound of the adaptive coefficient (TRL 0.0)."""
     entropy_coef_max: float = Field(1.0, ge=0, le=MAX_COEF)
     """Upper bound of the adaptive coefficient (TRL 1.0; Skywork-OR1 5e-3)."""
-    opsm_delta: float | None = None
+    opsm_delta: float | None = Field(None, ge=0, le=MAX_NATS)
     """Off-policy sequence masking (slime): drop A<0 sequences whose mean drift mean_t(old_logp - logp) exceeds delta (old_logp: the trainer's own log-probs of the behaviour policy)."""
-    off_policy_mask_threshold: float | None = Field(None, ge=0)
+    off_policy_mask_threshold: float | None = Field(None, ge=0, le=MAX_NATS)
     """TRL's off-policy sequence mask (DeepSeek-V3.2 Eq. 9; TRL off_policy_mask_threshold, e.g. 0.5): drop sequences whose mean KL mean_t(sampling_logp - logp) exceeds it and whose advantage is negative; sampling_logp is the rollout engine's log-probs when it reports them (vLLM), else old_logp, so it also catches rollout/trainer mismatch. None = off."""
     mask_truncated: bool = False
     """DAPO overlong filtering: completions cut at max length get no loss."""
     rollout_correction: str = "none"
     """Importance-sampling correction for rollout / trainer mismatch (TRL vllm_importance_sampling_mode, verl rollout_is, OpenRLHF is_correction_type): each token's policy loss is multiplied by w = pi_old / pi_rollout of the trainer's and the rollout engine's log-probs. none, token_truncate (TIS: w clamped to [min, max]), token_mask (MIS / IcePop: w = 0 outside [min, max]), sequence_truncate / sequence_mask (one w per completion, the product of its token ratios). Matters with vLLM, bf16 rollouts or train.staleness > 0."""
-    rollout_correction_min: float | None = Field(None, ge=0)
+    rollout_correction_min: float | None = Field(None, ge=0, le=MAX_IS_WEIGHT)
     """Lower bound of the IS weight (TRL vllm_importance_sampling_clip_min, default None = no bound; IcePop 0.5)."""
-    rollout_correction_max: float | None = Field(3.0, gt=0)
+    rollout_correction_max: float | None = Field(3.0, gt=0, le=MAX_IS_WEIGHT)
     """Upper bound of the IS weight (TRL vllm_importance_sampling_clip_max 3.0; verl rollout_is_threshold 2.0; IcePop 5)."""
     top_entropy_quantile: float = Field(1.0, ge=0, le=1)
     """Train only on the highest-entropy tokens ("Beyond the 80/20 Rule", Wang et al. 2025; TRL top_entropy_quantile rho): tokens below the (1 - rho) entropy quantile of the batch's loss tokens get no policy loss. 1.0 = off (every token); the paper uses 0.2."""
@@ -211,7 +229,7 @@ class Algorithm(_Section):
     """Discount (token-level estimators). LM RL uses 1.0."""
     lam: float = Field(1.0, ge=0, le=1)
     """GAE lambda: lower = less variance, more bias from the critic (PPO for LMs ~0.95)."""
-    value_clip: float | None = 0.2
+    value_clip: float | None = Field(0.2, gt=0, le=MAX_VALUE_CLIP)
     """PPO value clipping range around the old values (None = off)."""
     vf_coef: float = Field(0.5, ge=0, le=MAX_COEF)
     """Scale of the critic's gradient. The critic is a separate model with its own AdamW, so unlike shared-backbone PPO nothing is traded against the policy loss: Adam ignores a constant gradient scale, and vf_coef only changes where the critic's own gradient clipping (optim.max_grad_norm) starts to bite. loss/value is logged unscaled. Kept for parity with TRL / verl PPO configs."""
@@ -265,7 +283,7 @@ class Sampling(_Section):
     """Sampling temperature (log-probs are computed at the same temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling; < 1 makes the rollout policy differ from the trained one (off-policy)."""
-    max_completion_length: int = Field(8, ge=1)  # upper bound: the model's context (Recipe._cross)
+    max_completion_length: int = Field(8, ge=1, le=2**31 - 1)  # the real bound, the model's context, in Recipe._cross
     """L_max: completions are cut here (and the Dr. GRPO normaliser uses it). Prompt + completion must fit the model's positions."""
     max_prompt_length: int | None = Field(None, ge=1, le=MAX_COMPLETION_LENGTH)
     """Longer prompts keep their last tokens (left truncation, as TRL; counted in prompts/truncated_ratio). None = no limit."""
@@ -273,6 +291,9 @@ class Sampling(_Section):
     """DAPO dynamic sampling (Yu et al. 2025; verl filter_groups): groups whose G rewards are all equal (no learning signal) are dropped and more prompts sampled until prompts_per_step groups have a spread. Costs extra rollouts; the rounds it took are logged (dynamic_sampling/rounds)."""
     dynamic_sampling_max_rounds: int = Field(4, ge=1, le=MAX_MU)
     """Cap on rollout rounds per step with dynamic_sampling (verl max_num_gen_batches): after it, dropped groups fill the batch (logged as dynamic_sampling/filled_groups)."""
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class Optim(_Section):
@@ -286,12 +307,12 @@ class Optim(_Section):
     """LR schedule after warm-up."""
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Linear warm-up steps."""
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0, le=MAX_GRAD_NORM)
     """Gradient clipping by global norm (None = off)."""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT_DECAY)
     """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW betas, each in [0, 1) (Adam's moving averages; 1 never forgets and its bias correction divides by 0)."""
 
 
 class Train(_Section):
@@ -386,7 +407,7 @@ class Eval(_Section):
     """k of pass@k: k completions per prompt at eval.temperature; correct if any is (the greedy completion gives pass@1)."""
     temperature: float = Field(1.0, gt=0, le=MAX_TEMPERATURE)
     """Sampling temperature of the pass@k completions (greedy decoding for pass@1). Completions are at most sampling.max_completion_length tokens."""
-    dataset: str | None = None
+    dataset: str | None = Field(None, max_length=MAX_REF_CHARS)
     """JSONL / CSV / saved datasets dir of held-out prompts; required to evaluate a run whose prompts come from `dataset`."""
 
     @property
@@ -476,21 +497,22 @@ def lift_shorthands(data: Any) -> Any:
 class Recipe(_Section):
     """A whole run. ``name`` identifies the preset or run."""
 
-    name: str = "grpo"
-    description: str = ""
-    model: str = "tiny"
+    name: str = Field("grpo", min_length=1, max_length=MAX_NAME_CHARS)
+    """Names the run (its directory is a safe slug of it, runs/names.py): no path separators or control characters."""
+    description: str = Field("", max_length=MAX_TEXT_CHARS)
+    model: str = Field("tiny", max_length=MAX_REF_CHARS)
     """'tiny' (built locally) or a Hugging Face causal LM path / hub id. Also spelled model: {name: ..., lora: {...}} (see lora)."""
-    task: str | None = "arithmetic"
+    task: str | None = Field("arithmetic", max_length=MAX_REF_CHARS)
     """Built-in task or reasoning_gym/<dataset> (e.g. reasoning_gym/basic_arithmetic); its prompts and reward functions are used unless overridden."""
     task_config: dict[str, Any] = Field(default_factory=dict)
     """reasoning-gym dataset config keys (e.g. {min_terms: 2, max_terms: 2}); size and seed are set by the workbench."""
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(None, max_length=MAX_TEXT_CHARS)
     """System message of conversational prompts (replaces the dataset's); needs a model with a chat template."""
-    dataset: str | None = None
+    dataset: str | None = Field(None, max_length=MAX_REF_CHARS)
     """JSONL / CSV / saved `datasets` dir with a 'prompt' column (replaces the task's prompts)."""
-    reward_funcs: list[str] = Field(default_factory=list)
+    reward_funcs: list[Annotated[str, Field(max_length=MAX_REF_CHARS)]] = Field(default_factory=list, max_length=MAX_REWARD_FUNCS)
     """Reward functions by built-in name or import path 'package.module:function' (default: the task's)."""
-    reward_weights: list[float] | None = None
+    reward_weights: list[Annotated[float, Field(ge=-MAX_COEF, le=MAX_COEF)]] | None = Field(None, max_length=MAX_REWARD_FUNCS)
     """One weight per reward function (default 1 each; with reward_funcs empty, for the task's functions). Checked against the functions when the run starts."""
     algorithm: Algorithm = Field(default_factory=Algorithm)
     sampling: Sampling = Field(default_factory=Sampling)
@@ -501,6 +523,18 @@ class Recipe(_Section):
     eval: Eval = Field(default_factory=Eval)
     lora: Lora = Field(default_factory=Lora)
     teacher: Teacher = Field(default_factory=Teacher)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        """A name is a label, never a path: the run directory is ``slug(name)`` (runs/names.py),
+        and a separator or control character here is refused rather than silently rewritten."""
+        bad = next((c for c in value if c in "/\\" or unicodedata.category(c).startswith("C")), None)
+        if bad is not None or not value.strip(". "):
+            what = f"character {bad!r}" if bad is not None else "only dots and spaces"
+            raise ValueError(f"{what} is not allowed; a label of at most {MAX_NAME_CHARS} characters "
+                             "without path separators or control characters, e.g. grpo-lr3")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -581,7 +615,7 @@ class Recipe(_Section):
     @classmethod
     def from_yaml(cls, text: str, source: str = "recipe YAML") -> "Recipe":
         """Parse and validate; ``source`` (e.g. the file) names where a YAML syntax error is."""
-        data = _yaml_value(text, source) or {}
+        data = _yaml_value(text, source, max_chars=MAX_FILE_BYTES) or {}
         if not isinstance(data, dict):
             raise RecipeError(f"a recipe is a YAML mapping, got {type(data).__name__}")
         return cls.from_dict(data)
@@ -589,25 +623,26 @@ class Recipe(_Section):
     def with_overrides(self, overrides: list[str]) -> "Recipe":
         """Apply ``key.path=value`` strings (value parsed as YAML) and re-validate."""
         data = self.to_dict()
-        for item in overrides:
-            key, sep, raw = item.partition("=")
+        for whole in overrides:
+            key, sep, raw = whole.partition("=")
+            item = short(whole)  # errors quote at most a prefix of what was typed
             if not sep or not key:
-                raise RecipeError(f"--set {item!r}: expected key=value, e.g. algorithm.kl_coef=0.04")
+                raise RecipeError(f"--set {item}: expected key=value, e.g. algorithm.kl_coef=0.04")
             node = data
             parts = key.strip().split(".")
             for part in parts[:-1]:
                 if not isinstance(node.get(part), dict):
-                    raise RecipeError(f"--set {item!r}: {part!r} is not a section of the recipe")
+                    raise RecipeError(f"--set {item}: {short(part)} is not a section of the recipe")
                 node = node[part]
             if parts[-1] not in node:
-                raise RecipeError(f"--set {item!r}: unknown field {key!r}; fields here: {', '.join(node)}")
-            node[parts[-1]] = _yaml_value(raw, f"--set {item!r}", hint="; quote text, e.g. name='my run'")
+                raise RecipeError(f"--set {item}: unknown field {short(key)}; fields here: {', '.join(node)}")
+            node[parts[-1]] = _yaml_value(raw, f"--set {item}", root=key.strip()[:80], hint="; quote text, e.g. name='my run'")
             if parts == ["model"] and isinstance(node["model"], dict) and "lora" in node["model"]:
                 data.pop("lora", None)  # --set model={name, lora} replaces the lora section it carries
             try:
                 data = _section_defaults(lift_shorthands(data))
             except ValueError as err:
-                raise RecipeError(f"--set {item!r}: {err}") from None
+                raise RecipeError(f"--set {item}: {err}") from None
         return Recipe.from_dict(data)
 
 
@@ -620,16 +655,14 @@ def _section_defaults(data: dict[str, Any]) -> dict[str, Any]:
             for key, value in data.items()}
 
 
-def _yaml_value(text: str, where: str, hint: str = "") -> Any:
-    """``text`` parsed as YAML; RecipeError naming ``where`` and the parser's problem (one line,
-    not PyYAML's multi-line report)."""
+def _yaml_value(text: str, where: str, hint: str = "", *, max_chars: int | None = None, root: str = "") -> Any:
+    """``text`` parsed as YAML by the limited loader (workbench.yamlsafe: no aliases, bounded
+    size, depth and integers); RecipeError naming ``where`` and the problem in one line."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise RecipeError(f"{where}: not valid YAML ({problem}{at}){hint}") from None
+        return load_yaml(text, root=root, **({"max_chars": max_chars} if max_chars else {}))
+    except YamlInputError as err:
+        syntax = str(err).startswith("not valid YAML")
+        raise RecipeError(f"{where}: {err}{hint if syntax else ''}") from None
 
 
 # ---- what the model and the machine allow ---------------------------------------------------------
@@ -684,7 +717,7 @@ def _check_task(recipe: "Recipe") -> None:
     prompts), an eval set for a dataset run."""
     rg = conversational_task(recipe)
     if recipe.task_config and not rg:
-        raise ValueError(f"task_config={recipe.task_config!r} is read only by reasoning_gym/<dataset> tasks, not task={recipe.task!r}")
+        raise ValueError(f"task_config={short(recipe.task_config)} is read only by reasoning_gym/<dataset> tasks, not task={recipe.task!r}")
     if recipe.system_prompt is not None and recipe.dataset is None and not rg:
         raise ValueError(
             f"system_prompt: task={recipe.task!r} has text prompts (standard format), which are not templated; "
@@ -794,7 +827,7 @@ def format_validation_error(err: ValidationError, model: type[BaseModel] | None 
             allowed = _fields_at(model or Recipe, e["loc"][:-1])
             msg = f"unknown field; allowed here: {', '.join(allowed)}" if allowed else msg
         value = e.get("input")
-        shown = "" if isinstance(value, dict) or not loc else f"={value!r}"
+        shown = "" if isinstance(value, dict) or not loc else f"={short(value)}"
         if loc and msg.startswith(f"{loc}{shown}"):
             lines.append(msg)
         else:
@@ -832,5 +865,11 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> Recipe
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = preset_path(name_or_path)
-    recipe = Recipe.from_yaml(path.read_text(), source=str(path))
+    try:
+        data = read_yaml_file(path) or {}
+    except YamlInputError as err:
+        raise RecipeError(f"{short(str(path))}: {err}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"a recipe is a YAML mapping, got {type(data).__name__}")
+    recipe = Recipe.from_dict(data)
     return recipe.with_overrides(overrides) if overrides else recipe

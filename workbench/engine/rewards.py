@@ -257,6 +257,29 @@ def load_reward_function(ref: str) -> RewardFn:
     return obj
 
 
+def is_import_reference(ref: str) -> bool:
+    """``ref`` has the shape of an import reference 'package.module:function' (nothing imported)."""
+    return isinstance(ref, str) and bool(_REF_PATTERN.fullmatch(ref))
+
+
+def app_reward_choices(allowed: Sequence[str] = ()) -> tuple[str, ...]:
+    """The reward functions the app offers: the built-ins, then the import references an admin
+    allowed (settings ``reward_funcs_allowed``). In the app the person typing does not own the
+    server, and importing a module runs its top-level code; the CLI keeps Python's import rules."""
+    return (*sorted(REWARD_REGISTRY), *[r for r in allowed if r not in REWARD_REGISTRY])
+
+
+def check_app_reward_funcs(refs: Sequence[str], allowed: Sequence[str] = ()) -> None:
+    """Refuse, before anything is imported, a reference the app does not offer (ValueError
+    naming reward_funcs, the reference and what is allowed)."""
+    choices = app_reward_choices(allowed)
+    for ref in refs:
+        if ref not in choices:
+            shown = repr(ref)[:80]
+            raise ValueError(f"reward_funcs={shown} is not allowed in the app; allowed: {', '.join(choices)} "
+                             "(an admin adds import references to reward_funcs_allowed in settings.yaml)")
+
+
 # --------------------------------------------------------------------------------------------
 # Computing rewards for a batch
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 
 from workbench.engine.reasoning import EVAL_SEED_OFFSET, ReasoningGymTask, is_reasoning_gym_task, reasoning_gym_task
 from workbench.engine.rewards import RewardFn, load_reward_function, reward_weights_for
+from workbench.yamlsafe import short
 
 Row = dict[str, Any]
 #: Held-out prompts of a built-in task are the first distinct ones among this many x n rows.
@@ -293,42 +294,90 @@ def resolve_task(name: str, config: dict[str, Any] | None = None, *, system_prom
 # --------------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[Row]:
+#: Limits of a custom dataset, checked before a run directory exists (engine/precheck.py) and again
+#: when the trainer reads it. A prompt is bounded in characters, not tokens: prompts longer than
+#: sampling.max_prompt_length tokens are left-truncated as in TRL (and counted), and this bound
+#: keeps their tokenisation small (a 50 MB prompt line took ~20 GB before step 0).
+MAX_DATASET_BYTES = 256 << 20
+MAX_PROMPT_CHARS = 1 << 16
+
+
+class DatasetError(ValueError):
+    """A custom dataset that cannot be trained on; one line naming the field (dataset=...)."""
+
+
+def _decode_lines(path: Path, field: str):
+    """(line number, text) of a UTF-8 file; DatasetError at the first byte that is not UTF-8."""
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                yield line_no, raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} is not UTF-8 text (byte {err.start}); "
+                                   "save the file as UTF-8") from None
+
+
+def _read_jsonl(path: Path, field: str = "dataset") -> list[Row]:
     """One JSON object per non-blank line."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"dataset {str(path)!r}: line {line_no} is not valid JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise ValueError(f"dataset {str(path)!r}: line {line_no} is not a JSON object")
-            rows.append(row)
+    for line_no, line in _decode_lines(path, field):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} is not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} nests too deeply") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} is not a JSON object")
+        rows.append(row)
     return rows
 
 
-def _read_json(path: Path) -> list[Row]:
+def _read_json(path: Path, field: str = "dataset") -> list[Row]:
     """A JSON array of objects."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    text = "".join(line for _, line in _decode_lines(path, field))
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise DatasetError(f"{field}={short(str(path), 240)}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
-        raise ValueError(f"dataset {str(path)!r}: expected a JSON array of objects")
+        raise DatasetError(f"{field}={short(str(path), 240)}: expected a JSON array of objects")
     return data
 
 
-def _read_csv(path: Path) -> list[Row]:
-    """CSV with a header row; values stay strings (reward functions compare ``str(...)``)."""
-    with path.open(encoding="utf-8", newline="") as handle:
-        return [dict(row) for row in csv.DictReader(handle)]
+def _read_csv(path: Path, field: str = "dataset") -> list[Row]:
+    """CSV with a header row; values stay strings (reward functions compare ``str(...)``). A field
+    over csv's field_size_limit (131072 characters) is refused, naming its line."""
+    reader = csv.DictReader(line for _, line in _decode_lines(path, field))
+    try:
+        return [dict(row) for row in reader]
+    except csv.Error as err:
+        raise DatasetError(f"{field}={short(str(path), 240)}: line {reader.line_num}: {short(str(err)).strip(chr(39))}") from None
 
 
-_FILE_READERS: dict[str, Callable[[Path], list[Row]]] = {
+_FILE_READERS: dict[str, Callable[..., list[Row]]] = {
     ".jsonl": _read_jsonl,
     ".json": _read_json,
     ".csv": _read_csv,
 }
+
+
+def _prompt_problem(prompt: Any) -> str | None:
+    """Why ``prompt`` cannot be trained on (None when it can): empty, too long, or neither text
+    nor a list of {role, content} messages."""
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
+        text = "".join(str(m.get("content", "")) for m in prompt)
+    else:
+        return f"prompt={short(prompt, 40)} is neither text nor a list of {{role, content}} messages"
+    if not text.strip():
+        return "prompt is empty"
+    if len(text) > MAX_PROMPT_CHARS:
+        return f"prompt has {len(text)} characters: at most {MAX_PROMPT_CHARS}"
+    return None
 
 
 def _read_saved_dataset(path: Path, split: str) -> list[Row]:
@@ -348,35 +397,42 @@ def _read_saved_dataset(path: Path, split: str) -> list[Row]:
     return [dict(row) for row in loaded]
 
 
-def load_dataset_rows(source: str, *, split: str = "train", limit: int | None = None) -> list[Row]:
+def load_dataset_rows(source: str, *, split: str = "train", limit: int | None = None, field: str = "dataset") -> list[Row]:
     """Rows of a custom prompt dataset: ``.jsonl``, ``.json``, ``.csv`` or a saved ``datasets`` dir.
 
     Every row must have a ``prompt``; other columns pass through to the reward functions.
     ``split`` selects the split of a saved DatasetDict; ``limit`` keeps the first rows.
-    Raises ValueError naming ``source`` when it is missing, of an unknown kind, empty, or a row
-    lacks ``prompt``.
+    Raises DatasetError (a ValueError) naming ``field`` (dataset / eval.dataset) and the file when
+    it is missing, of an unknown kind, over MAX_DATASET_BYTES, not UTF-8, malformed, empty, or a
+    row lacks a usable ``prompt`` (empty, over MAX_PROMPT_CHARS, of another type).
     """
     path = Path(source).expanduser()
+    where = f"{field}={short(source, 240)}"
     if not path.exists():
-        raise ValueError(f"dataset {source!r} does not exist")
+        raise DatasetError(f"{where} does not exist")
     if path.is_dir():
         rows = _read_saved_dataset(path, split)
     else:
         reader = _FILE_READERS.get(path.suffix.lower())
         if reader is None:
-            raise ValueError(
-                f"dataset {source!r}: unsupported file type {path.suffix!r}; "
+            raise DatasetError(
+                f"{where}: unsupported file type {short(path.suffix)}; "
                 f"use one of {', '.join(sorted(_FILE_READERS))} or a saved datasets directory"
             )
-        rows = reader(path)
+        size = path.stat().st_size
+        if size > MAX_DATASET_BYTES:
+            raise DatasetError(f"{where}: {size} bytes: at most {MAX_DATASET_BYTES}")
+        rows = reader(path, field)
     if limit is not None:
         rows = rows[: max(0, int(limit))]
     if not rows:
-        raise ValueError(f"dataset {source!r} has no rows")
+        raise DatasetError(f"{where} has no rows")
     for index, row in enumerate(rows):
         if "prompt" not in row:
-            raise ValueError(
-                f"dataset {source!r}: row {index} has no 'prompt' column (columns: {sorted(row)}); "
-                "a 'prompt' column is required"
-            )
+            columns = short(sorted(map(str, row)), 120)
+            raise DatasetError(f"{where}: row {index} has no 'prompt' column (columns: {columns}); "
+                               "a 'prompt' column is required")
+        problem = _prompt_problem(row["prompt"])
+        if problem:
+            raise DatasetError(f"{where}: row {index}: {problem}")
     return rows

@@ -140,14 +140,10 @@ def load_rows(recipe: Recipe) -> list[dict[str, Any]]:
 
 
 def reward_setup(recipe: Recipe):
-    """(functions, weights): the recipe's, else the task's defaults."""
-    task = recipe_task(recipe)
-    refs = list(recipe.reward_funcs) or (list(task.reward_funcs) if task else [])
-    if not refs:
-        raise ValueError("reward_funcs is empty and no task supplies defaults: name at least one reward function")
-    weights = recipe.reward_weights
-    if weights is None and not recipe.reward_funcs and task is not None:
-        weights = list(task.reward_weights)
+    """(functions, weights): the recipe's, else the task's defaults (precheck.reward_references)."""
+    from workbench.engine.precheck import reward_references
+
+    refs, weights = reward_references(recipe)
     return [load_reward_function(r) for r in refs], reward_weights_for(weights, refs)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+import unicodedata
 
 NAME_RULE = "1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -30,6 +31,21 @@ def check_tag(tag: str) -> str:
 
 def check_group(group: str) -> str:
     return _check("group", group)
+
+
+SLUG_CHARS = 40  # the name part of a run id (NAME-YYYYmmdd-HHMMSS-xxxx stays under 64)
+
+
+def slug(name: str) -> str:
+    """``name`` as a safe directory / run-id part that always satisfies NAME_RULE: accents
+    dropped, every run of other characters (separators, spaces, control characters) one '-',
+    no '..', no leading or trailing punctuation, at most SLUG_CHARS; 'run' when nothing is left.
+    A recipe's name is a free label (``--set name='my run'``); the paths use this."""
+    text = unicodedata.normalize("NFKD", str(name)).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+    text = re.sub(r"\.{2,}", ".", text)
+    text = text.strip("._-")[:SLUG_CHARS].rstrip("._-")
+    return text or "run"
 
 
 def new_run_id(name: str) -> str:

@@ -66,11 +66,42 @@ def _host_of(target: str) -> str:
     return target.split("://", 1)[1] if "://" in target else ("localhost" if target == "local" else target)
 
 
+def _inputs_key(recipe: Recipe) -> str:
+    """What a run reads besides its recipe (datasets, reward functions): runs that differ only in
+    their seed or algorithm read the same, and are checked once."""
+    return json.dumps([recipe.task, recipe.task_config, recipe.system_prompt, recipe.dataset, recipe.eval.enabled,
+                       recipe.eval.dataset, recipe.eval.num_prompts, recipe.reward_funcs, recipe.reward_weights],
+                      sort_keys=True, default=str)
+
+
+def check_launch_inputs(recipes: Iterable[Recipe], *, target: str = "local",
+                        reward_funcs_allowed: Sequence[str] | None = None) -> None:
+    """Before anything is written: refuse a reward function the caller may not use, then (on this
+    machine) read the datasets and resolve the reward functions as the run will (engine/precheck,
+    torch-free). ``reward_funcs_allowed`` None is the CLI: Python's usual import rules, a user's own
+    modules. The app passes settings' ``reward_funcs_allowed``: a reference that is neither a
+    built-in nor listed there is refused before anything is imported (who types in the app does
+    not own the server, and importing a module runs its top-level code). Another target reads its
+    own files and modules, so only the allow-list applies there. ValueError naming the field."""
+    from workbench.engine.precheck import check_run_inputs
+    from workbench.engine.rewards import check_app_reward_funcs
+
+    recipes = list(recipes)
+    if reward_funcs_allowed is not None:  # every recipe, before any of them imports anything
+        for recipe in recipes:
+            check_app_reward_funcs(recipe.reward_funcs, reward_funcs_allowed)
+    if target_scheme(target) != "local":
+        return
+    for recipe in {_inputs_key(r): r for r in recipes}.values():
+        check_run_inputs(recipe)
+
+
 def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, group: str | None = None,
            tags: Iterable[str] = (), notes: str = "", created_by: str | None = None, num_processes: int = 1,
            store: RunStore | None = None, settings: Settings | None = None, arm: str | None = None,
-           sweep: Mapping[str, Any] | None = None) -> str:
-    """Register a run and start it (or queue it until a local slot is free); returns its id.
+           sweep: Mapping[str, Any] | None = None, reward_funcs_allowed: Sequence[str] | None = None) -> str:
+    """Check the run's inputs (``check_launch_inputs``), register it and start it (or queue it
+    until a local slot is free); returns its id.
 
     ``arm`` (default: the run's name) and ``sweep`` (the swept values that make the arm) are
     recorded with the run; its seed is the recipe's ``train.seed``.
@@ -79,6 +110,7 @@ def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, gr
     host, no sbatch): the error is raised and the half-made run is removed. Nor on disk when the
     store cannot take it (StoreError: read-only file): the run directory is removed again.
     """
+    check_launch_inputs([recipe], target=target, reward_funcs_allowed=reward_funcs_allowed)
     store = store or RunStore()
     settings = settings or load_settings()
     group = check_group(group) if group else None
@@ -294,10 +326,12 @@ def _yaml_text(value: Any) -> str:
 
 def launch_planned(planned: Sequence[PlannedRun], *, group: str | None = None, target: str = "local",
                    tags: Iterable[str] = (), notes: str = "", created_by: str | None = None, num_processes: int = 1,
-                   store: RunStore | None = None, settings: Settings | None = None) -> list[str]:
+                   store: RunStore | None = None, settings: Settings | None = None,
+                   reward_funcs_allowed: Sequence[str] | None = None) -> list[str]:
     """Launch the runs of ``plan_runs`` as one comparison group (``group`` may be None for a single
-    run); returns their ids in plan order. All or nothing: if one cannot be launched, the runs this
-    call already made are deleted (cancelled first) and the error is raised."""
+    run); returns their ids in plan order. Every run's inputs are checked first
+    (``check_launch_inputs``: nothing is written when one fails). All or nothing: if one cannot be
+    launched, the runs this call already made are deleted (cancelled first) and the error is raised."""
     if not planned:
         raise RunError("nothing to launch: the plan has no runs")
     if len(planned) > 1 and not group:
@@ -309,6 +343,7 @@ def launch_planned(planned: Sequence[PlannedRun], *, group: str | None = None, t
     settings = settings or load_settings()
     store.check_writable()
     launcher = launcher_for(target, settings)  # an unknown target fails before the first run is made
+    check_launch_inputs([run.recipe for run in planned], target=target, reward_funcs_allowed=reward_funcs_allowed)
     runs = [(_new_run(run.recipe, target=target, launcher=launcher, name=None, group=group, tags=tags, notes=notes,
                       created_by=created_by, num_processes=num_processes, arm=run.arm, sweep=run.sweep), run.recipe)
             for run in planned]

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from workbench.home import workbench_home
+from workbench.yamlsafe import YamlInputError, read_yaml_file
 
 SETTINGS_FILE = "settings.yaml"
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -109,8 +110,20 @@ class Settings(_Strict):
     slurm: SlurmDefaults = Field(default_factory=SlurmDefaults)
     cpu_slots: int = Field(3, ge=1)
     """Concurrent local CPU runs (1 thread each); more wait in the queue. 3 fits the quick comparison."""
+    reward_funcs_allowed: list[str] = Field(default_factory=list)
+    """Import references ('package.module:function') the app may offer as reward functions besides the built-ins. The app imports nothing else: importing a module runs its code, and who types in the app does not own the server. The CLI is not limited by this list."""
     gpu_slots: int | None = Field(None, ge=0)
     """Local GPUs runs may take: the first N visible devices (None: all of them; 0: none, local runs use the CPU slots). Each run takes one free device per process and waits until that many are free; a run needing more than there are fails at once."""
+
+    @field_validator("reward_funcs_allowed")
+    @classmethod
+    def _references(cls, value: list[str]) -> list[str]:
+        from workbench.engine.rewards import is_import_reference
+
+        for ref in value:
+            if not is_import_reference(ref):
+                raise ValueError(f"reward_funcs_allowed: {ref!r:.80} is not an import reference 'package.module:function'")
+        return value
 
     @field_validator("ssh_hosts")
     @classmethod
@@ -131,7 +144,9 @@ def load_settings(home: Path | None = None) -> Settings:
     if not path.exists():
         return Settings()
     try:
-        return Settings.model_validate(yaml.safe_load(path.read_text()) or {})
+        return Settings.model_validate(read_yaml_file(path) or {})
+    except YamlInputError as err:
+        raise SettingsError(f"{path}: {err}") from None
     except ValidationError as err:
         from workbench.recipe import format_validation_error
 

@@ -94,12 +94,15 @@ def launch_planned_and_remember(planned: list[wr.PlannedRun], group: str | None 
                                 tags: Iterable[str] = (), notes: str = "") -> list[str] | None:
     """Launch the runs of ``wr.plan_runs`` (arms x seeds, already validated) as the signed-in user,
     all or nothing; remember them so Live / Compare opens on them. Returns their ids, or None
-    after showing why nothing was launched."""
+    after showing why nothing was launched. Reward functions are held to the app's list and the
+    datasets read before anything is written (``wr.launch_planned``)."""
+    from workbench.ui.recipe_form import allowed_reward_refs  # the app's rule: built-ins + settings' list
+
     if refused():
         return None
     try:
         ids = wr.launch_planned(planned, group=group, target=target, tags=list(tags), notes=notes,
-                                created_by=auth.current_user(), store=store())
+                                created_by=auth.current_user(), store=store(), reward_funcs_allowed=allowed_reward_refs())
     except LAUNCH_ERRORS as err:
         st.error(str(err))
         return None

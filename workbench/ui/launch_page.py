@@ -11,10 +11,11 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
+from workbench.engine.rewards import check_app_reward_funcs
 from workbench.ui.common import (LAUNCH_ERRORS, any_active, blocked_notice, guarded_button,
                                  launch_planned_and_remember, run_option, store)
-from workbench.ui.recipe_form import (comparison_recipes, fields_at_fault, load_into_form, preset_notes, render_form,
-                                      section_title, sweep_values_help, sweepable_fields)
+from workbench.ui.recipe_form import (allowed_reward_refs, comparison_recipes, fields_at_fault, load_into_form,
+                                      preset_notes, render_form, section_title, sweep_values_help, sweepable_fields)
 
 
 def _targets() -> tuple[list[str], str | None]:
@@ -135,8 +136,12 @@ def _plan(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | No
     arm and seed at fault. Nothing is launched here."""
     if recipe is None or sweep is None:
         return None, None
-    try:
-        return wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=sweep, target=target), None
+    try:  # planning imports nothing; a reward function the app does not offer (swept too) is refused here
+        planned = wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=sweep, target=target)
+        allowed = allowed_reward_refs()
+        for run in planned:
+            check_app_reward_funcs(run.recipe.reward_funcs, allowed)
+        return planned, None
     except LAUNCH_ERRORS as err:
         return None, str(err).removeprefix("--")
 

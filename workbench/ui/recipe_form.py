@@ -2,9 +2,11 @@
 
 The pure part (:func:`field_specs`, :func:`parse_field`, :func:`validate_form`,
 :func:`comparison_recipes`) knows nothing of Streamlit and is unit tested; :func:`render_form`
-only places widgets. Typed values are parsed with ``yaml.safe_load`` (plain data, never code);
-reward functions are limited to the built-in registry and datasets to files inside the workbench
-home, so nothing typed into the page can make a run import or read arbitrary code or files.
+only places widgets. Typed values are parsed by ``workbench.yamlsafe`` (plain data, never code; no
+aliases, bounded size and depth);
+reward functions are limited to the built-ins and the import references an admin allowed
+(settings ``reward_funcs_allowed``), datasets to files inside the workbench home, so nothing typed
+into the page can make a run import or read arbitrary code or files.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import streamlit as st
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workbench.engine.rewards import REWARD_REGISTRY
+from workbench.engine.rewards import app_reward_choices
 from workbench.engine.tasks import TASKS
 from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
+from workbench.yamlsafe import MAX_VALUE_CHARS, YamlInputError, load_yaml, short
 
 SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimiser", "train": "Training",
             "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation", "lora": "LoRA", "teacher": "Distillation"}
@@ -104,12 +107,24 @@ def field_specs() -> list[FieldSpec]:
         FieldSpec("dataset", "text", (top["dataset"].description or "") + " Path relative to the workbench home.",
                   optional=True),
         FieldSpec("reward_funcs", "multi", (top["reward_funcs"].description or "").split("(default")[0]
-                  + "(built-in names only here; default: the task's).", tuple(sorted(REWARD_REGISTRY))),
+                  + "(here: the built-ins and the references allowed in settings; default: the task's).",
+                  app_reward_choices(allowed_reward_refs())),
         FieldSpec("reward_weights", "value", top["reward_weights"].description or "", optional=True),
     ]
     for section in SECTIONS:
         specs += _section_specs(section, top[section].annotation)
     return specs
+
+
+def allowed_reward_refs() -> tuple[str, ...]:
+    """settings.yaml's reward_funcs_allowed (none when the settings do not load: the Launch page
+    shows that error itself)."""
+    from workbench.runs.settings import SettingsError, load_settings
+
+    try:
+        return tuple(load_settings().reward_funcs_allowed)
+    except SettingsError:
+        return ()
 
 
 def get_path(data: dict, path: str) -> Any:
@@ -145,17 +160,24 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
     """A widget's value as the recipe value; ValueError naming the field and value otherwise."""
     if spec.path == "task":
         return None if raw == NO_TASK else raw
+    if isinstance(raw, str) and len(raw) > MAX_VALUE_CHARS:
+        raise ValueError(f"{spec.path}={short(raw)}: at most {MAX_VALUE_CHARS} characters")
     if spec.path == "dataset":
         text = (raw or "").strip()
         return str(confined_path(text, field="dataset")) if text else None
     if spec.path == "model":
         text = (raw or "").strip()
         if not _MODEL_REF.match(text) or ".." in text:
-            raise ValueError(f"model={text!r} is not allowed; 'tiny' or a Hugging Face id like 'org/name'")
+            raise ValueError(f"model={short(text)} is not allowed; 'tiny' or a Hugging Face id like 'org/name'")
         return text
     if spec.kind == "text" and spec.optional:
         return raw if raw.strip() else None
-    if spec.kind in ("choice", "bool", "multi", "text"):
+    if spec.kind == "multi":  # a crafted client can send any list: only the offered choices pass
+        unknown = [v for v in raw or [] if v not in spec.choices]
+        if unknown:
+            raise ValueError(f"{spec.path}={short(unknown[0])} is not allowed here; allowed: {', '.join(map(str, spec.choices))}")
+        return list(raw or [])
+    if spec.kind in ("choice", "bool", "text"):
         return raw
     text = str(raw).strip()
     if not text:
@@ -163,9 +185,11 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
             return None
         raise ValueError(f"{spec.path}='' is empty; enter a value")
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise ValueError(f"{spec.path}={text!r} is not a number, list or None") from None
+        return load_yaml(text, root=spec.path)
+    except YamlInputError as err:
+        if str(err).startswith("not valid YAML"):
+            raise ValueError(f"{spec.path}={short(text)} is not a number, list or None") from None
+        raise ValueError(f"{spec.path}={short(text)}: {err}") from None
 
 
 def pydantic_errors(err: ValidationError) -> dict[str, str]:
@@ -319,8 +343,9 @@ def _widget(spec: FieldSpec, error: str | None) -> None:
     label, key, help_ = spec.label, spec.key, spec.help
     if spec.kind == "choice":
         st.selectbox(label, spec.choices, key=key, help=help_)
-    elif spec.kind == "multi":
-        st.multiselect(label, spec.choices, key=key, help=help_)
+    elif spec.kind == "multi":  # a value not offered (a previous run's, launched from the CLI) stays visible,
+        held = [v for v in st.session_state.get(key) or [] if v not in spec.choices]  # refused by parse_field
+        st.multiselect(label, [*spec.choices, *held], key=key, help=help_)
     elif spec.kind == "bool":
         st.checkbox(label, key=key, help=help_)
     else:
