@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from workbench.engine import rundir
 from workbench.export.commands import MIXED_PRECISION
 from workbench.home import confined_path, workbench_home
 from workbench.runs.launchers import LAUNCHERS, ConfigError, LaunchError, Launcher, target_scheme
@@ -96,12 +97,10 @@ def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, gr
         target=target, launcher=launcher.scheme, host=_host_of(target), created_by=created_by or getpass.getuser(),
         run_dir=str(run_dir), group=group, tags=tags, notes=notes, arm=arm, sweep=dict(sweep or {}),
         launch={"num_processes": num_processes, "mixed_precision": MIXED_PRECISION[recipe.train.precision]})
-    try:
-        run_dir.mkdir(parents=True)
-        (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
-    except OSError as err:
+    try:  # a new (or empty) directory only; a failed prepare removes what it made and nothing else
+        rundir.prepare(run_dir, recipe.to_yaml())
+    except (OSError, rundir.RunDirError) as err:
         store.delete(run_id)
-        shutil.rmtree(run_dir, ignore_errors=True)
         raise RunError(f"cannot create the run directory {run_dir}: {err}") from err
     if launcher.scheme != "local":
         try:
