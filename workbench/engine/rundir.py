@@ -96,14 +96,14 @@ def _held_by(run_dir: Path) -> str | None:
     return None
 
 
-def _why_not_new(run_dir: Path, recipe_yaml: str) -> str | None:
+def _why_not_new(run_dir: Path, recipe_yaml: str, locked: bool = False) -> str | None:
     """Why a new run may not be written into ``run_dir`` (None: it may): it must be absent, empty,
     or prepared by a launcher for exactly this recipe."""
     if not run_dir.exists():
         return None
     if not run_dir.is_dir():
         return "it exists and is not a directory"
-    names = _entries(run_dir)
+    names = [n for n in _entries(run_dir) if n != LOCK_FILE]  # a lock alone: a claim under way (the lock decides)
     if not names:
         return None
     if RECIPE_FILE in names and set(names) <= LAUNCHER_FILES:
@@ -113,7 +113,7 @@ def _why_not_new(run_dir: Path, recipe_yaml: str) -> str | None:
             same = False
         if same:
             return None  # prepared by a launcher for this very recipe
-    holder = _held_by(run_dir)
+    holder = None if locked else _held_by(run_dir)
     shown = ", ".join(names[:4]) + (f", ... ({len(names)} entries)" if len(names) > 4 else "")
     what = (f"a live trainer ({holder}) is writing it" if holder else
             "it holds a run (run.json)" if RUN_FILE in names else f"it is not empty ({shown})")
@@ -234,7 +234,7 @@ def claim_new(run_dir: Path, recipe_yaml: str, *, main: bool | None = None) -> C
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = _lock(run_dir)
     try:
-        why = _why_not_new(run_dir, recipe_yaml)
+        why = _why_not_new(run_dir, recipe_yaml, locked=True)
         if why is not None:
             raise RunDirError(f"--run-dir {run_dir}: {why}; a new run is written only into a new or empty directory")
         if not (run_dir / RECIPE_FILE).is_file():
