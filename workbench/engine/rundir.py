@@ -42,8 +42,10 @@ RECIPE_FILE = "recipe.yaml"
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 # What a launcher puts into a run directory before its trainer starts (service: recipe.yaml; local
-# reaper: stdout.log, exit_code; SLURM: job.sbatch and the --output log; SSH: run.sh, pgid).
-LAUNCHER_FILES = frozenset({RECIPE_FILE, "stdout.log", "exit_code", "job.sbatch", "run.sh", "pgid", LOCK_FILE})
+# reaper: stdout.log, exit_code; SLURM: job.sbatch and the --output log, and with a vLLM node the
+# server's log, started before the trainer; SSH: run.sh, pgid).
+LAUNCHER_FILES = frozenset({RECIPE_FILE, "stdout.log", "exit_code", "job.sbatch", "vllm_serve.log", "run.sh", "pgid",
+                            LOCK_FILE})
 
 
 class RunDirError(ValueError):
