@@ -57,12 +57,26 @@ def _cmd_train(args) -> int:
     from workbench.engine.precheck import check_run_inputs  # datasets and reward functions, before the run dir
 
     check_run_inputs(recipe)
+    claim = _claim_run_dir(recipe, run_dir, resume=args.resume is not None)
     from workbench.engine.trainer import train  # heavy imports only when training
 
-    status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(),
-                   resume=args.resume is not None)
+    try:
+        status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(),
+                       resume=args.resume is not None, claim=claim)
+    finally:
+        claim.release()
     print(f"{status}: {run_dir}", file=sys.stderr)
     return {"finished": 0, "cancelled": 130}.get(status, 1)
+
+
+def _claim_run_dir(recipe, run_dir: Path, *, resume: bool):
+    """The run directory claimed before torch is imported (workbench/engine/rundir.py): a new run
+    only into a new, empty or launcher-prepared directory; a resume only with its recorded recipe
+    and an intact checkpoint; one live trainer per directory. RunDirError: one line, exit 2."""
+    from workbench.engine import rundir
+
+    text = recipe.to_yaml()
+    return rundir.claim_resume(run_dir, text, recipe.train.steps) if resume else rundir.claim_new(run_dir, text)
 
 
 def _cmd_recipes(args) -> int:

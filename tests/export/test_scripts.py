@@ -87,12 +87,12 @@ def test_bash_script_layout():
     assert "set -euo pipefail" in lines
     assert "PYTHON=/opt/venv/bin/python" in lines
     assert 'PYTHON="${WORKBENCH_PYTHON:-$PYTHON}"' in lines
-    assert "cat > \"$RECIPE\" <<'WORKBENCH_RECIPE'" in lines
+    assert "RECIPE_TEXT=$(cat <<'WORKBENCH_RECIPE'" in lines
     assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"' in lines
     assert lines[-1] == ('exec "${PYTHON}" -m accelerate.commands.launch --multi_gpu --num_processes 2 --num_machines 1 '
                          '--mixed_precision bf16 --dynamo_backend no -m workbench train "${RECIPE}" --run-dir "${RUN_DIR}"')
     # the inlined recipe is the recipe
-    start, end = lines.index("cat > \"$RECIPE\" <<'WORKBENCH_RECIPE'"), lines.index("WORKBENCH_RECIPE")
+    start, end = lines.index("RECIPE_TEXT=$(cat <<'WORKBENCH_RECIPE'"), lines.index("WORKBENCH_RECIPE")
     assert Recipe.from_yaml("\n".join(lines[start + 1:end])) == recipe
     cpu = bash_script(load_recipe("grpo"))
     assert cpu.splitlines()[-1].startswith('exec "${PYTHON}" -m accelerate.commands.launch --cpu --num_processes 1 ')
@@ -158,7 +158,7 @@ def test_hostile_names_are_quoted_in_every_script(tmp_path):
                 assert "$(" not in line and "touch " not in line, (kind, line)
         assert "RUN_NAME=evil_touch_PWNED1_touch_PWNED2_touch_PWNED3_WORKBENCH_RECIPE_nam\n" in text  # 64 chars
         lines = text.splitlines()
-        start = lines.index("cat > \"$RECIPE\" <<'WORKBENCH_RECIPE'")
+        start = lines.index("RECIPE_TEXT=$(cat <<'WORKBENCH_RECIPE'")
         inlined = "\n".join(lines[start + 1:lines.index("WORKBENCH_RECIPE", start)])
         assert Recipe.from_yaml(inlined) == recipe  # YAML escapes the newlines: no line ends the heredoc
     assert "#SBATCH --job-name=j_touch_PWNED6_" in texts["sbatch-vllm"]
@@ -225,7 +225,7 @@ def test_export_command_preset_file_and_out(tmp_path, capsys, fresh_home):
     assert "RUN_NAME=grpo" in lines and "PYTHON=python" in lines
     assert lines[-1] == ('exec "${PYTHON}" -m accelerate.commands.launch --cpu --num_processes 1 --num_machines 1 '
                          '--mixed_precision no --dynamo_backend no -m workbench train "${RECIPE}" --run-dir "${RUN_DIR}"')
-    start = lines.index("cat > \"$RECIPE\" <<'WORKBENCH_RECIPE'")
+    start = lines.index("RECIPE_TEXT=$(cat <<'WORKBENCH_RECIPE'")
     inlined = Recipe.from_yaml("\n".join(lines[start + 1:lines.index("WORKBENCH_RECIPE", start)]))
     assert inlined.train.steps == 7 and inlined.name == "grpo"
 

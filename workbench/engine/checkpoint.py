@@ -21,7 +21,13 @@ checkpoint or none (a stale temp folder is removed by the next save). Only rank 
 tokenizer and optimiser files (data parallelism keeps them equal on every rank); each rank writes
 and reads back its own RNG states. ``keep_last`` newest checkpoints are kept.
 
-Resume (``train --resume RUN_DIR``) loads the newest checkpoint into the freshly set-up trainer and
+Integrity: ``manifest.json`` (every file's size and sha256, the step, the run's recipe digest) is
+written last inside the temporary folder. Resume (``train --resume RUN_DIR``) verifies it before
+anything is written (:func:`choose_resume_checkpoint`): a damaged, incomplete or foreign newest
+checkpoint is skipped for the newest intact one, and the run's warnings say so; with none intact
+the resume is refused.
+
+Resume loads that checkpoint into the freshly set-up trainer and
 continues at the step after it, appending to the same ``events.jsonl``. Its first event is
 ``resume`` at that step: the run store drops every row of that step and later (the crashed
 attempt's), so each step is stored once, with the resumed attempt's values.
@@ -38,6 +44,7 @@ and final directories without it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -57,6 +64,7 @@ SCHEDULER_FILE = "scheduler.pt"
 SCALER_FILE = "scaler.pt"
 CRITIC_FILE = "critic.safetensors"
 CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"
+MANIFEST_FILE = "manifest.json"
 _STEP_DIR = re.compile(r"step-(\d{8})")
 _TMP_PREFIX = ".tmp-"
 
@@ -125,6 +133,127 @@ def drop_torn_tail(path: Path) -> int:
     return size - keep
 
 
+# -- manifest and verification (no torch) -----------------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def write_manifest(ckpt: Path, step: int, recipe_sha256: str | None) -> None:
+    """``manifest.json``: every file's size and sha256, the step and the run's recipe digest;
+    written last and atomically (temp file + rename), so a checkpoint with a manifest is complete."""
+    files = {p.relative_to(ckpt).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(ckpt)}
+    data = {"format": 1, "step": step, "recipe_sha256": recipe_sha256, "files": files}
+    tmp = ckpt / (MANIFEST_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt / MANIFEST_FILE)
+
+
+def _state_step(path: Path) -> tuple[int, int]:
+    """(step, world_size) of ``trainer_state.json``; ValueError when it is unreadable."""
+    state = json.loads((path / STATE_FILE).read_text())
+    step, world = state.get("step"), state.get("world_size", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"{STATE_FILE} has step={str(step)[:20]} world_size={str(world)[:20]}")
+    return step, world
+
+
+def _why_unusable(path: Path, step: int, steps: int, recipe_sha256: str | None, manifest: dict | None) -> str | None:
+    """Why the checkpoint ``path`` of ``step`` cannot resume this run (None: it can)."""
+    if not 0 <= step < steps:
+        return f"step {step} is outside this run's steps 0..{steps - 1}"
+    if manifest is not None:
+        if manifest.get("step") != step:
+            return f"its manifest is of step {str(manifest.get('step'))[:20]}"
+        recorded = manifest.get("recipe_sha256")
+        if recipe_sha256 is not None and recorded is not None and recorded != recipe_sha256:
+            return "it was written by another recipe"
+        files = manifest.get("files")
+        if not isinstance(files, dict) or not files:
+            return "its manifest lists no files"
+        for name, meta in files.items():
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing"
+            if not isinstance(meta, dict) or file.stat().st_size != meta.get("size"):
+                return f"{name} has {file.stat().st_size} bytes, the manifest says {meta.get('size') if isinstance(meta, dict) else '?'}"
+            if _sha256(file) != meta.get("sha256"):
+                return f"{name} does not match its checksum (damaged)"
+    try:
+        state_step, world = _state_step(path)
+    except (OSError, ValueError) as err:
+        return f"{STATE_FILE} is unreadable ({str(err)[:80]})"
+    if state_step != step:
+        return f"{STATE_FILE} says step {state_step}"
+    needed = [OPTIMIZER_FILE, SCHEDULER_FILE, *(f"rng-rank{r}.pt" for r in range(world))]
+    missing = [n for n in needed if not (path / n).is_file()]
+    if not any(path.glob("*model*.safetensors")):
+        missing.insert(0, "model*.safetensors")
+    return f"{missing[0]} is missing" if missing else None
+
+
+def _read_manifest(path: Path) -> dict | None | str:
+    """The manifest (dict), None when there is none, or why it cannot be read (str)."""
+    try:
+        data = json.loads((path / MANIFEST_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return f"{MANIFEST_FILE} is unreadable ({str(err)[:80]})"
+    return data if isinstance(data, dict) else f"{MANIFEST_FILE} is not an object"
+
+
+def choose_resume_checkpoint(run_dir: Path, steps: int, recipe_sha256: str | None = None) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of ``run_dir`` that is intact and belongs to this run, and warnings
+    about the newer ones that were skipped (read-only; the resume loads exactly this one).
+
+    Intact: its ``manifest.json`` lists every file with the size and sha256 found now, the step of
+    its name, its manifest and its ``trainer_state.json`` agree and lie in ``0..steps-1``, and the
+    manifest's recipe digest is the run's. A checkpoint *without* a manifest (written before
+    manifests existed) cannot be verified: it is skipped with a warning while a verified one exists
+    below it, and otherwise used (the run is older than manifests) with a warning, after the
+    checks that need no manifest (state step, the optimiser, scheduler and RNG files).
+    None: the run has no checkpoint (start at step 0). CheckpointError: checkpoints exist and none
+    is usable (the message says why for each).
+    """
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    found = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()),
+                   reverse=True) if root.is_dir() else []
+    skipped: list[str] = []
+    unverified: list[tuple[int, Path]] = []
+    for step, path in found:
+        manifest = _read_manifest(path)
+        why = manifest if isinstance(manifest, str) else _why_unusable(path, step, steps, recipe_sha256, manifest)
+        if why is None and manifest is None:
+            unverified.append((step, path))
+            why = f"it has no {MANIFEST_FILE} (written by an older version) and cannot be verified"
+        elif why is None:
+            warnings = [f"checkpoint {p.name} skipped: {w}" for p, w in skipped]
+            if skipped:
+                warnings.append(f"resumed from {path.name}, the newest intact checkpoint")
+            return path, warnings
+        skipped.append((path, why))
+    if unverified:
+        step, path = unverified[0]
+        warnings = [f"checkpoint {p.name} skipped: {w}" for p, w in skipped if p != path]
+        return path, warnings + [f"resumed from {path.name} without a manifest (an older version wrote it): its "
+                                 "files could not be verified"]
+    if found:
+        reasons = "; ".join(f"{p.name}: {w}" for p, w in skipped[:4])
+        raise CheckpointError(f"cannot resume {run_dir}: none of its {len(found)} checkpoint(s) is intact ({reasons})")
+    return None, []
+
+
 # -- save ------------------------------------------------------------------------------------------
 def _rng_state() -> dict[str, Any]:
     """This process's global RNG states as tensors and plain numbers (loadable with weights_only)."""
@@ -172,30 +301,39 @@ def _save_model_files(trainer, out: Path) -> None:
 
 
 def save_checkpoint(trainer, step: int) -> Path:
-    """Write the state after ``step`` (all ranks call this); returns the checkpoint's path."""
+    """Write the state after ``step`` (all ranks call this); returns the checkpoint's path.
+
+    ``manifest.json`` (sizes and checksums of every file) is written last, then the folder is
+    renamed into place. A save that fails (a full disk) removes its temporary folder, so it does
+    not keep the disk full; the error goes on to end the run."""
     import torch
 
     acc = trainer.accelerator
     final = checkpoint_dir(trainer.run_dir, step)
     tmp = final.with_name(_TMP_PREFIX + final.name)
-    if acc.is_main_process:
-        for stale in final.parent.glob(_TMP_PREFIX + "*") if final.parent.is_dir() else ():
-            shutil.rmtree(stale, ignore_errors=True)  # a save a crash interrupted
-        tmp.mkdir(parents=True)
-    acc.wait_for_everyone()
-    torch.save(_rng_state(), tmp / f"rng-rank{trainer.rank}.pt")
-    if acc.is_main_process:
-        _save_model_files(trainer, tmp)
-    acc.wait_for_everyone()  # every rank's RNG file is in place
-    if acc.is_main_process:
-        state = {"step": step, "tokens_seen": trainer.tokens_seen, "num_tokens": trainer.num_tokens_seen, "world_size": trainer.world}
-        ent = trainer.entropy_state  # adaptive entropy control (TRL: entropy_ctrl_state.json); inf -> null
-        state["entropy_control"] = {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}
-        (tmp / STATE_FILE).write_text(json.dumps(state))
-        if final.exists():  # the same step saved by an attempt that crashed before it counted
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _prune(trainer.run_dir, trainer.recipe.checkpoint.keep_last)
+    try:
+        if acc.is_main_process:
+            for stale in final.parent.glob(_TMP_PREFIX + "*") if final.parent.is_dir() else ():
+                shutil.rmtree(stale, ignore_errors=True)  # a save a crash interrupted
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        torch.save(_rng_state(), tmp / f"rng-rank{trainer.rank}.pt")
+        if acc.is_main_process:
+            _save_model_files(trainer, tmp)
+        acc.wait_for_everyone()  # every rank's RNG file is in place
+        if acc.is_main_process:
+            state = {"step": step, "tokens_seen": trainer.tokens_seen, "num_tokens": trainer.num_tokens_seen, "world_size": trainer.world}
+            ent = trainer.entropy_state  # adaptive entropy control (TRL: entropy_ctrl_state.json); inf -> null
+            state["entropy_control"] = {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}
+            (tmp / STATE_FILE).write_text(json.dumps(state))
+            write_manifest(tmp, step, getattr(trainer, "recipe_sha256", None))
+            if final.exists():  # the same step saved by an attempt that crashed before it counted
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _prune(trainer.run_dir, trainer.recipe.checkpoint.keep_last)
+    finally:
+        if acc.is_main_process and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed save (disk full) leaves no temporary folder
     acc.wait_for_everyone()
     return final
 
@@ -330,10 +468,11 @@ def load_checkpoint(trainer, path: Path) -> int:
     return int(state["step"])
 
 
-def resume(trainer) -> int:
-    """Load the run's newest checkpoint (if any) and record the resume; returns the first step to
-    train. Call after ``setup`` and before the first step."""
-    latest = latest_checkpoint(trainer.run_dir)
-    start = 0 if latest is None else load_checkpoint(trainer, latest[1]) + 1
-    trainer.events.emit("resume", start, checkpoint=None if latest is None else str(latest[1]))
+def resume(trainer, path: Path | None, warnings: list[str] = ()) -> int:
+    """Load the checkpoint ``path`` chosen and verified before the run started
+    (:func:`choose_resume_checkpoint`; None: start at step 0) and record the resume with its
+    ``warnings`` (checkpoints skipped as damaged); returns the first step to train. Call after
+    ``setup`` and before the first step."""
+    start = 0 if path is None else load_checkpoint(trainer, Path(path)) + 1
+    trainer.events.emit("resume", start, checkpoint=None if path is None else str(path), warnings=list(warnings))
     return start

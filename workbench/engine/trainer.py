@@ -62,7 +62,7 @@ from workbench.core.choices import BASELINE_ESTIMATORS
 from workbench.core.entropy_control import EntropyControl, EntropyControlState, applied_entropy_coef, update_entropy_control
 from workbench.core.masks import off_policy_sequence_mask
 from workbench.core.distillation import distillation_metrics, shape_advantages
-from workbench.engine import checkpoint
+from workbench.engine import checkpoint, rundir
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.lens import SameBatchLens
@@ -199,11 +199,20 @@ class Trainer:
     """Holds the models, optimisers and event writer of one run."""
 
     def __init__(self, recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False,
-                 resume: bool = False) -> None:
+                 resume: bool = False, claim: rundir.Claim | None = None) -> None:
+        """``claim``: ``run_dir`` as claimed by the caller (the CLI claims it before the heavy imports);
+        None claims it here: new, empty or launcher-prepared for a new run, the recorded recipe and
+        an intact checkpoint for ``resume`` (workbench/engine/rundir.py). Refusals raise RunDirError
+        before anything is written."""
         self.recipe = recipe
-        self.resume = resume  # continue from run_dir's newest checkpoint (checkpoint.resume)
+        self.resume = resume  # continue from the claim's checkpoint (checkpoint.resume)
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if claim is None:
+            text = recipe.to_yaml()
+            claim = (rundir.claim_resume(self.run_dir, text, recipe.train.steps) if resume
+                     else rundir.claim_new(self.run_dir, text))
+        self.claim = claim
+        self.recipe_sha256 = claim.recipe_sha256  # into every checkpoint's manifest
         self.progress = progress
         self.tokens_seen = 0.0  # completion tokens (perf/tokens)
         self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
@@ -232,8 +241,6 @@ class Trainer:
             checkpoint.drop_torn_tail(self.run_dir / EVENTS_FILE)  # a kill -9 mid-line: append on a line of its own
         self.events = EventWriter(self.run_dir, enabled=self.accelerator.is_main_process, mirror=stdout_mirror(stdout_events))
         self.lens = SameBatchLens(self)
-        if self.accelerator.is_main_process:
-            (self.run_dir / "recipe.yaml").write_text(recipe.to_yaml())
 
     # -- set-up -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -795,7 +802,7 @@ class Trainer:
             try:
                 self.events.emit("status", 0, status="starting", world_size=self.world, recipe=r.name)
                 self.setup()
-                start = checkpoint.resume(self) if self.resume else 0
+                start = checkpoint.resume(self, self.claim.checkpoint, self.claim.warnings) if self.resume else 0
                 self.events.emit("status", 0, status="running")
                 bar = tqdm(total=r.train.steps, desc="train", unit="step", disable=not (self.progress and self.accelerator.is_main_process))
                 for step in range(start, r.train.steps):
@@ -819,6 +826,7 @@ class Trainer:
                 if r.logging.log_with:
                     self.accelerator.end_training()
                 self.events.close()
+                self.claim.release()  # the run is over: another trainer may resume it now
         return status
 
 
@@ -854,6 +862,7 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def train(recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False, resume: bool = False) -> str:
+def train(recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False, resume: bool = False,
+          claim: rundir.Claim | None = None) -> str:
     """Run a recipe into ``run_dir``; returns the final status."""
-    return Trainer(recipe, run_dir, stdout_events=stdout_events, progress=progress, resume=resume).run()
+    return Trainer(recipe, run_dir, stdout_events=stdout_events, progress=progress, resume=resume, claim=claim).run()

@@ -151,12 +151,28 @@ def recipe_yaml(recipe: Recipe) -> str:
 
 
 def _inline_recipe(recipe: Recipe, target: str) -> str:
-    """Shell lines writing the recipe YAML to ``target`` (a shell word) through a quoted heredoc."""
+    """Shell lines writing the recipe YAML to ``target`` (a shell word, ``$RUN_DIR/recipe.yaml``)
+    through a quoted heredoc, never over another run: a new run goes only into a new or empty
+    ``$RUN_DIR`` (a launcher's own files aside), or one whose recipe.yaml is this very recipe (the
+    workbench prepared it); anything else is one line ``error: ...`` and exit 2, nothing written.
+    The trainer checks the directory again (workbench/engine/rundir.py)."""
+    from workbench.engine.rundir import LAUNCHER_FILES, RECIPE_FILE
+
     text = recipe.to_yaml()
     text = text if text.endswith("\n") else text + "\n"
     delim = heredoc_delimiter(text)
+    others = " ".join(f"-e {shlex.quote(name)}" for name in sorted(LAUNCHER_FILES - {RECIPE_FILE}))
+    refuse = 'echo "error: run directory $RUN_DIR {}; a new run needs a new or empty directory" >&2; exit 2'
     # <<'DELIM' (quoted): bash expands nothing inside, so $(...), `...`, \ and quotes stay text.
-    return f"cat > {target} <<'{delim}'\n{text}{delim}\n"
+    return (f"RECIPE_TEXT=$(cat <<'{delim}'\n{text}{delim}\n)\n"
+            f"if [ -e {target} ]; then\n"
+            f"    [ \"$(cat -- {target})\" = \"$RECIPE_TEXT\" ] || {{ {refuse.format('holds another recipe.yaml')}; }}\n"
+            f"elif [ -n \"$(ls -A -- \"$RUN_DIR\" 2>/dev/null | grep -vx {others})\" ]; then\n"
+            f"    {refuse.format('is not empty')}\n"
+            f"else\n"
+            f"    mkdir -p -- \"$RUN_DIR\"\n"
+            f"    printf '%s\\n' \"$RECIPE_TEXT\" > {target}\n"
+            f"fi\n")
 
 
 def _summary(recipe: Recipe) -> str:
@@ -216,9 +232,8 @@ set -euo pipefail
 PYTHON={shlex.quote(options.python)}
 PYTHON="${{WORKBENCH_PYTHON:-$PYTHON}}"
 {_run_dir_lines(recipe, options.run_dir, "$(date +%Y%m%d-%H%M%S)")}RECIPE="$RUN_DIR/recipe.yaml"
-mkdir -p "$RUN_DIR"
 
-# The recipe, verbatim (validated again by the trainer; it rewrites the same file).
+# The recipe, verbatim (validated again by the trainer).
 {_inline_recipe(recipe, '"$RECIPE"')}
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{recipe.train.threads}}}"
 echo "run directory: $RUN_DIR" >&2
@@ -328,9 +343,8 @@ set -euo pipefail
 PYTHON={shlex.quote(o.python)}
 PYTHON="${{WORKBENCH_PYTHON:-$PYTHON}}"
 {_run_dir_lines(recipe, o.run_dir, "slurm-${SLURM_JOB_ID}")}RECIPE="$RUN_DIR/recipe.yaml"
-mkdir -p "$RUN_DIR"
 
-# The recipe, verbatim (validated again by the trainer; it rewrites the same file).
+# The recipe, verbatim (validated again by the trainer).
 {_inline_recipe(recipe, '"$RECIPE"')}
 # Allocated hosts, one per line; the first one hosts the main process (same as
 # `scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`, without a pipe that pipefail could trip).

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from workbench.engine import rundir
 from workbench.export.commands import MIXED_PRECISION
 from workbench.home import confined_path, workbench_home
 from workbench.runs.launchers import LAUNCHERS, ConfigError, LaunchError, Launcher, target_scheme
@@ -146,19 +147,22 @@ def _register_and_start(store: RunStore, settings: Settings, launcher: Launcher,
     find its recipe. All or nothing: a refused check, a store that cannot be written, a directory
     that cannot be made or a remote start that fails removes every run of this call (rows and
     directories) and raises."""
-    made: list[Path] = []
+    made: list[tuple[Path, bool]] = []  # (run directory, it existed before: empty)
     try:
         for row, recipe in runs:
             run_dir = Path(row["run_dir"])
-            try:
-                run_dir.mkdir(parents=True)
-                made.append(run_dir)
-                (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
-            except OSError as err:
+            try:  # a new (or empty) directory only; a failed prepare removes what it made and nothing else
+                existed = run_dir.exists()
+                rundir.prepare(run_dir, recipe.to_yaml())
+                made.append((run_dir, existed))
+            except (OSError, rundir.RunDirError) as err:
                 raise RunError(f"cannot create the run directory {run_dir}: {err}") from err
         ids = store.create_runs([row for row, _ in runs], check)
     except BaseException:
-        for run_dir in made:
+        for run_dir, existed in made:  # what this call made, and only that
+            if existed:
+                (run_dir / rundir.RECIPE_FILE).unlink(missing_ok=True)
+                continue
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     if launcher.scheme == "local":

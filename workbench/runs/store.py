@@ -698,6 +698,9 @@ def _ingest_resume(db, run_id, step, when, payload) -> int:
                (last["step"] if last is not None else -1, reward if _is_number(reward) else None, run_id))
     db.execute("UPDATE runs SET status = 'running', ended_at = NULL, error = NULL WHERE id = ? AND status IN"
                f" ({','.join('?' * len(TERMINAL_STATUSES))})", (run_id, *TERMINAL_STATUSES))
+    for warning in payload.get("warnings") or []:  # e.g. a damaged checkpoint the resume skipped
+        if isinstance(warning, str):
+            _add_warning(db, run_id, warning[:500])
     return 1
 
 

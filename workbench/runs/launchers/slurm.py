@@ -121,7 +121,9 @@ class SlurmLauncher(Launcher):
             raise LaunchError("`sbatch` is not on PATH: the slurm target submits with SLURM's sbatch "
                               "(run the workbench on a login node of the cluster, or export the script "
                               "with `python -m workbench export RUN --to sbatch` and submit it there)")
-        run_dir.mkdir(parents=True, exist_ok=True)  # SLURM does not create the --output directory
+        if not run_dir.is_dir():  # SLURM does not create the --output directory; the service prepares it
+            raise LaunchError(f"run {run['id']}: run directory {run_dir} does not exist (a run directory is "
+                              "created only by the run service, new or empty: workbench/engine/rundir.py)")
         path = run_dir / SCRIPT_FILE
         path.write_text(text)
         path.chmod(0o755)
