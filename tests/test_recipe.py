@@ -163,7 +163,7 @@ DEFINING = {
         "algorithm.advantage": "grpo",
         "algorithm.policy_loss": "kl_cov",
         "algorithm.kl_cov_ratio": 2e-4,
-        "algorithm.kl_cov_coef": 1.0,
+        "algorithm.kl_cov_coef": 0.1,
         "algorithm.aggregation": "token-mean",
         "algorithm.kl_coef": 0.0,
     },

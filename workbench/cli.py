@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.console import report
 from workbench.home import workbench_home
 from workbench.recipe import check_fits_machine, load_recipe, preset_names, preset_path
 
-EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 
@@ -156,17 +156,6 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
     # ValueError: the confinement of paths to the home and the name checks of runs, tags and groups
     return RecipeError, RunError, LaunchError, ConfigError, SettingsError, ExportError, ValueError
-
-
-def one_line(message: str) -> str:
-    """A (possibly multi-line) error message as one line: 'head:\n  a\n  b' -> 'head: a; b'."""
-    head, *rest = [part.strip() for part in str(message).strip().splitlines() if part.strip()]
-    return f"{head} {'; '.join(rest)}" if rest else head
-
-
-def report(message: str) -> int:
-    print(f"error: {one_line(message)}", file=sys.stderr)
-    return EXIT_BAD_INPUT
 
 
 def _quiet_closed_stdout() -> None:

@@ -82,7 +82,7 @@ MAX_TEMPERATURE = 10.0  # sampling / eval temperature: above ~2 the samples are 
 # survives (1e300 is finite, passes allow_inf_nan=False, and overflowed at step 0). A test tries
 # +-1e300 on every numeric field of the schema, so a new field needs its bounds too.
 MAX_EPS = 10.0  # eps_low / eps_high: PPO 0.2, DAPO 0.28, GMPO 0.4 (log-ratio), CISPO's absolute cap ~5
-MAX_RATIO_CAP = 1e6  # clip_c / delta (verl dual clip 3, DPPO TIS cap 20, the dppo preset 1e4 = "no cap"): > 1 + eps_high
+MAX_RATIO_CAP = 1e6  # clip_c / delta (verl clip_ratio_c 3: dual clip and DPPO's TIS cap; the dppo preset 1e4 = "no cap"): > 1 + eps_high
 MAX_SAPO_TAU = 100.0  # SAPO gate temperatures (TRL / verl 1.0, 1.05); the gate is 4/tau sigmoid(tau (r - 1))
 MAX_COV_BOUND = 1e6  # Clip-Cov covariance bounds (verl 1, 5): (A - mean A)(logp - mean logp)
 MAX_NATS = 100.0  # entropy target, OPSM / off-policy mask thresholds: per-token nats (ln(vocab) ~ 12)
@@ -183,8 +183,8 @@ class Algorithm(_Section):
     """Clip-Cov upper covariance bound (verl 5.0)."""
     kl_cov_ratio: float = Field(2e-4, gt=0, le=1)
     """KL-Cov: fraction of tokens with the highest covariance that get the |log ratio| penalty (verl 2e-4)."""
-    kl_cov_coef: float = Field(1.0, ge=0, le=MAX_COEF)
-    """KL-Cov penalty coefficient (verl ppo_kl_coef 1.0)."""
+    kl_cov_coef: float = Field(0.1, ge=0, le=MAX_COEF)
+    """KL-Cov penalty coefficient (verl 0.9.1 ppo_kl_coef 0.1)."""
     cov_seed: int | None = Field(None, ge=0, le=MAX_SEED)
     """Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); an int = a fixed seed."""
     aggregation: str = "seq-mean-token-mean"

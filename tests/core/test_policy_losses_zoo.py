@@ -180,18 +180,20 @@ def test_dppo_kl_uses_the_binary_kl():
 
 
 def test_dppo_truncates_the_ratio_at_clip_c():
-    # rho = e^3 = 20.09 > 20: the detached weight is 20 (default); with clip_c = 5 it is 5. p = 0.05 e^3 ~ 1.004 > 1
-    # would not be a probability, so take p_old = 0.01, p = 0.2009 (TV +0.19 <= eps 0.5: kept)
+    # rho = e^3 = 20.09: the detached weight is 3 (clip_c unset: verl 0.9.1's clip_ratio_c default), 5 with
+    # clip_c = 5. p = 0.05 e^3 ~ 1.004 > 1 would not be a probability, so take p_old = 0.01, p = 0.2009
+    # (TV +0.19 <= eps 0.5: kept)
     old = torch.tensor([[math.log(0.01)]], dtype=torch.float64)
-    for cfg, weight in (({}, 20.0), ({"clip_c": 5.0}, 5.0)):
+    for cfg, weight in (({}, 3.0), ({"clip_c": 5.0}, 5.0)):
         _, grad, diag = run("dppo_tv", [[3.0]], [[1.0]], old=old, eps_low=0.5, eps_high=0.5, **cfg)
         assert grad.item() == pytest.approx(-weight)
         assert diag.metrics["dppo/truncated_mean"].item() == 1.0
 
 
-def verl_dppo(old_log_prob, log_prob, advantages, clip_low, clip_high, kind, clip_ratio_c=20.0):
+def verl_dppo(old_log_prob, log_prob, advantages, clip_low, clip_high, kind, clip_ratio_c=3.0):
     # verl verl/trainer/ppo/core_algos.py, compute_policy_loss_dppo_tv / _dppo_kl (arXiv 2602.04879;
-    # not in the b178a3c mirror: transcribed from verl's code as carried after Feb 2026):
+    # not in the b178a3c mirror: transcribed from verl's code as carried after Feb 2026). clip_ratio_c is
+    # config.get("clip_ratio_c", 20.0) there, and verl 0.9.1's ActorConfig always holds it: 3.0 unless set.
     negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(negative_approx_kl)
     truncated_ratio = torch.clamp(ratio, max=clip_ratio_c).detach()

@@ -39,6 +39,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from workbench.analysis.window import DEFAULT_WINDOW_FRAC
+
 RUN_KEY_COLUMNS = ("run_id", "arm", "seed", "step")  # the columns a metrics frame must carry besides the metric
 IQM_TRIM = 0.25  # IQM: drop the lowest and highest 25 % (scipy.stats.trim_mean cuts int(0.25 n) each side)
 MIN_SEEDS_IQM_INTERVAL = 5  # below this a bootstrap has < 126 distinct resamples: no IQM interval
@@ -138,7 +140,7 @@ def window_length(n_steps: int, window_frac: float) -> int:
     return max(1, math.ceil(round(window_frac * n_steps, 9)))
 
 
-def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = 0.1) -> pd.DataFrame:
+def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = DEFAULT_WINDOW_FRAC) -> pd.DataFrame:
     """One score per run: the mean of ``metric`` over the run's final window.
 
     df: long frame, one row per (run, step), columns ``run_id``, ``arm``, ``seed``, ``step`` and
@@ -170,7 +172,7 @@ def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = 0.1)
     return in_arm_order(pd.DataFrame(rows, columns=columns), list(dict.fromkeys(df["arm"].astype(str))), "seed")
 
 
-def final_window_values(df: pd.DataFrame, metric: str, window_frac: float = 0.1) -> dict[str, np.ndarray]:
+def final_window_values(df: pd.DataFrame, metric: str, window_frac: float = DEFAULT_WINDOW_FRAC) -> dict[str, np.ndarray]:
     """arm -> (n_seeds,) final-window scores (see ``final_window_scores``), seeds ascending."""
     scores = final_window_scores(df, metric, window_frac)
     return {arm: group["score"].to_numpy(dtype=np.float64) for arm, group in scores.groupby("arm", sort=False)}

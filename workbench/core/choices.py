@@ -81,14 +81,15 @@ class PolicyLossConfig:
         ``clip_cov_ratio`` of the valid tokens, drawn among those whose covariance
         (A - mean A)(logp - mean logp) lies in (lb, ub), loses its gradient (verl: 2e-4, 1, 5).
     kl_cov_ratio, kl_cov_coef: KL-Cov (same paper): the top ``kl_cov_ratio`` of tokens by that
-        covariance get the penalty kl_cov_coef * |logp - old| (verl ``kl_cov_ratio`` 2e-4,
-        ``ppo_kl_coef`` 1).
+        covariance get the penalty kl_cov_coef * |logp - old| (verl 0.9.1 ``kl_cov_ratio`` 2e-4,
+        ``ppo_kl_coef`` 0.1: the config defaults; the function's own fallback of 1.0, which its
+        docstring calls the default, applies only when the config field is None).
     cov_seed: Clip-Cov draws its tokens at random (verl: ``torch.randperm``). None draws from
         torch's global generator (seeded by the run, so runs repeat and steps differ); an int
         draws from a generator seeded with it (exactly reproducible, e.g. for tests).
     For ``gmpo`` eps_low / eps_high bound the token *log*-ratio (GMPO paper: 0.4); for
     ``dppo_tv`` / ``dppo_kl`` they are the divergence thresholds (DPPO: TV 0.15, KL 0.05) and
-    clip_c, if set, truncates the detached ratio (default DPPO_TIS_CAP = 20, as verl).
+    clip_c truncates the detached ratio (unset: DPPO_TIS_CAP = 3, verl's clip_ratio_c).
     """
 
     eps_low: float = 0.2
@@ -104,7 +105,7 @@ class PolicyLossConfig:
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-4
-    kl_cov_coef: float = 1.0
+    kl_cov_coef: float = 0.1
     cov_seed: int | None = None
 
     def __post_init__(self) -> None:

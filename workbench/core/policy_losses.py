@@ -32,9 +32,13 @@ LOG_RATIO_CLAMP = 20.0
 # s_i is a geometric mean, so e^10 is already far outside any trust region and beyond it the
 # token gets no gradient; below, exp cannot overflow and needs no bound.
 GSPO_LOG_RATIO_MAX = 10.0
-# DPPO truncates its detached ratio at clip_c, default 20 (verl compute_policy_loss_dppo_*:
-# config.get("clip_ratio_c", 20.0)); a large cap, since truncation biases the gradient.
-DPPO_TIS_CAP = 20.0
+# DPPO truncates its detached ratio at clip_c; unset, at verl 0.9.1's default clip_ratio_c, 3.0
+# (ActorConfig.clip_ratio_c and actor.yaml, shared with dual-clip PPO). verl's
+# compute_policy_loss_dppo_* read config.get("clip_ratio_c", 20.0), but ActorConfig always holds
+# the key, so a verl run that leaves it unset truncates at 3.0; the 20.0 fallback is reached only
+# by a config without the field. The DPPO paper (Sec. 5.4) recommends a large cap, since truncation
+# biases the gradient: set clip_c (the dppo preset uses 1e4, as verl's example).
+DPPO_TIS_CAP = 3.0
 # DPPO-KL's binary KL adds 1e-8 inside log((1 - p_old) / (1 - p)) (verl), so p -> 1 stays finite.
 DPPO_KL_EPS = 1e-8
 
@@ -277,9 +281,13 @@ def gmpo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
 
     eps_low / eps_high bound the *log*-ratio (the paper's 0.4 = ratio in [e^-0.4, e^0.4]).
     A clipped token (A > 0 and l > eps_high, or A < 0 and l < -eps_low) gets no gradient, the
-    others of its sequence still do. verl averages loss_i over sequences: aggregate with
-    ``seq-mean-token-mean`` to get the same number. l_t is clamped to +-LOG_RATIO_CLAMP (verl
-    leaves that clamp commented out; the two agree for |l_t| < 20).
+    others of its sequence still do. verl averages loss_i over all B rows (``torch.mean``; a row
+    with no valid token counts, with loss 0). ``seq-mean-token-mean`` gives the same number
+    (up to verl's n_i + 1e-8) when every row has a valid token, or whenever num_seqs = B is
+    passed; with e all-masked rows its default num_seqs (rows with a valid token) gives
+    B / (B - e) times verl's. The trainer's num_seqs counts completions, so a completion masked
+    out of the loss (truncation masking, OPSM) still counts, as in verl. l_t is clamped to
+    +-LOG_RATIO_CLAMP (verl leaves that clamp commented out; the two agree for |l_t| < 20).
     """
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     sign = torch.sign(advantages)
@@ -321,7 +329,7 @@ def _dppo_loss(logp, old_logp, advantages, mask, cfg, valid_fn):
     is set on a divergence between the token's old and new *probabilities* rather than on their
     ratio (a ratio of 100 from 1e-5 to 1e-3 is a tiny move; 0.99 -> 0.8 is a large one):
 
-        loss_t = -A_t sg(min(rho_t, C)) logp_t valid_t,    C = clip_c or DPPO_TIS_CAP (20)
+        loss_t = -A_t sg(min(rho_t, C)) logp_t valid_t,    C = clip_c or DPPO_TIS_CAP (3, verl's clip_ratio_c)
 
     valid_t (detached) comes from ``valid_fn``. The gradient is -A min(rho, C) d logp inside the
     region and exactly 0 outside. eps_low / eps_high are the divergence thresholds. Regions:

@@ -15,13 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.analysis.window import DEFAULT_WINDOW_FRAC  # imports nothing: the parser stays light
+from workbench.console import report as _fail  # one line `error: ...`, exit 2, as workbench.cli.main
+
 # Errors raised here reach workbench.cli.main, which prints them as one line `error: ...`, exit 2.
-
-
-def _fail(message: str) -> int:
-    from workbench.cli import report
-
-    return report(message)
 
 
 def _cmd_launch(args) -> int:
@@ -261,7 +258,7 @@ def add_run_parsers(sub) -> None:
     v = sub.add_parser("compare", help="the verdict table of a group: arms over seeds, pairs with CIs and P(A>B)")
     v.add_argument("group")
     v.add_argument("--metric", help="metric to compare (default: eval/reward if logged, else reward)")
-    v.add_argument("--window", type=float, default=0.1, help="final fraction of each run's steps that is averaged")
+    v.add_argument("--window", type=float, default=DEFAULT_WINDOW_FRAC, help="final fraction of each run's steps that is averaged")
     v.add_argument("--baseline", help="compare every other arm with this one (default: every pair)")
     v.set_defaults(func=_cmd_compare)
     c = sub.add_parser("collect", help="ingest events of active runs into the store (the app does this itself)")

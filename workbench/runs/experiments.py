@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.window import DEFAULT_WINDOW_FRAC
 from workbench.runs.names import check_group
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class Experiment:
     overrides: tuple[str, ...] = ()
     also: tuple[str, ...] = ()
     seeds: int = 3
-    window: float = 0.1  # the verdict's final window (fraction of each run's logged steps); 1.0: the whole run
+    window: float = DEFAULT_WINDOW_FRAC  # the verdict's final window (fraction of each run's logged steps); 1.0: the whole run
     note: str = ""  # why the settings differ from the preset, what the tiny model can and cannot show
 
     @property

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import runs as wr
+from workbench.analysis.window import DEFAULT_WINDOW_FRAC
 from workbench.recipe import Recipe, RecipeError
 from workbench.runs import ACTIVE_STATUSES, RunStore
 from workbench.ui import auth
@@ -129,7 +130,7 @@ VERDICT_HELP = {
 }
 
 
-def verdict_table(frame: pd.DataFrame, metric: str, window: float = 0.1, *, baseline: str | None = None) -> None:
+def verdict_table(frame: pd.DataFrame, metric: str, window: float = DEFAULT_WINDOW_FRAC, *, baseline: str | None = None) -> None:
     """Draw the verdict table of ``metric`` over the final ``window`` (fraction of each run's
     logged steps) from ``RunStore.arm_metrics(ids)``: per arm mean, IQM, 95% CIs and seeds; per
     pair (every pair, or each arm against ``baseline``) the difference with its 95% CI, P(A > B),

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import runs as wr
-from workbench.analysis import default_metric, final_window_values, sweep_table
+from workbench.analysis import DEFAULT_WINDOW_FRAC, default_metric, final_window_values, sweep_table
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
 from workbench.viz.arms import arm_figures, sweep_figures
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
@@ -28,7 +28,6 @@ STATUS_EVERY_S = 1.0
 CHARTS_EVERY_S = 5.0
 COLUMNS = 2
 VIEWS = ("per run", "arms")
-DEFAULT_WINDOW = 0.1  # the verdict's final window: the last 10% of each run's logged steps
 MAX_ALL_PAIRS = 4  # arms up to which the verdict compares every pair by default
 
 
@@ -192,13 +191,13 @@ def _verdict(frame) -> tuple[str | None, float]:
     metrics = logged_metrics(frame)
     if not metrics:
         st.info("No numeric metric logged yet.")
-        return None, DEFAULT_WINDOW
+        return None, DEFAULT_WINDOW_FRAC
     chosen = default_metric(frame)
     cols = st.columns([2, 2, 2])
     metric = cols[0].selectbox("Metric", metrics, index=metrics.index(chosen) if chosen in metrics else 0,
                                key="verdict_metric", help="Default: the held-out eval reward once runs log it, "
                                "else the training reward.")
-    window = cols[1].slider("Final window (share of each run's steps)", 0.01, 1.0, DEFAULT_WINDOW, 0.01,
+    window = cols[1].slider("Final window (share of each run's steps)", 0.01, 1.0, DEFAULT_WINDOW_FRAC, 0.01,
                             key="verdict_window", format="%.2f",
                             help="Each run is scored by its mean over this last share of its logged steps.")
     arms = [str(a) for a in pd.unique(frame["arm"])]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.stats import PAIR_COLUMNS, arm_summary, final_window_scores, pairwise
-
+from workbench.analysis.window import DEFAULT_WINDOW_FRAC
 from workbench.viz.curves import progress, step_label
 
 # Sort keys the page offers: label -> column of the shaped table.
@@ -98,7 +98,7 @@ def _window_text(scores: pd.DataFrame, window_frac: float) -> str:
     return f"last {window_frac:.0%} of each run's logged steps: {steps}{bounds}"
 
 
-def verdict(frame: pd.DataFrame, metric: str, window_frac: float = 0.1, *, baseline: str | None = None) -> Verdict:
+def verdict(frame: pd.DataFrame, metric: str, window_frac: float = DEFAULT_WINDOW_FRAC, *, baseline: str | None = None) -> Verdict:
     """The verdict table of ``metric`` from the long frame ``RunStore.arm_metrics(...)``: each run
     scored by its final-window mean (``final_window_scores``), then ``arm_summary`` per arm and
     ``pairwise`` per pair (every pair, or each arm against ``baseline``), shaped for display:
