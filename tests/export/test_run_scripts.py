@@ -21,8 +21,10 @@ from workbench.export.scripts import BashOptions, SlurmOptions, bash_script, rec
 from workbench.recipe import Recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-# a name with quotes, command substitutions, a comment and newlines: it must neither break nor inject
-HOSTILE_NAME = "evil'\"$(touch PWNED1)`touch PWNED2`; touch PWNED3 #\nnext line"
+# a name with quotes, command substitutions and a comment (names are one-line labels: a newline is
+# refused by the recipe, so the multi-line attack rides in the description): neither breaks nor injects
+HOSTILE_NAME = "evil'\"$(touch PWNED1)`touch PWNED2`; touch PWNED3 # next line"
+HOSTILE_TEXT = "line1\nWORKBENCH_RECIPE\n$(touch PWNED4)\n'; touch PWNED5 #"
 QUICK = ["train.steps=3", "logging.diagnostics_sequences=2", "logging.samples_per_step=2"]
 
 
@@ -35,7 +37,7 @@ def home(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def recipe():
     data = load_recipe("grpo", QUICK).to_dict()
-    data["name"] = HOSTILE_NAME
+    data["name"], data["description"] = HOSTILE_NAME, HOSTILE_TEXT
     return Recipe.from_dict(data)
 
 

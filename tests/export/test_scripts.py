@@ -25,12 +25,16 @@ from workbench.export.scripts import (
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
 
 ROOT = Path(__file__).resolve().parents[2]
-HOSTILE = "evil'\"$(touch PWNED1)`touch PWNED2`; touch PWNED3 #\nWORKBENCH_RECIPE\nname: x\\"
+# Names are one-line labels of at most 64 characters (the recipe refuses newlines and separators),
+# so the name carries the one-line attacks and the description the multi-line ones (a line that
+# would end the heredoc, then YAML of its own).
+HOSTILE = "ev'\"$(touch PWNED1)`touch PWNED2`;touch PWNED3 #WORKBENCH_RECIPE"
+HOSTILE_TEXT = "line1\nEOF\nWORKBENCH_RECIPE\nname: x\\\n'; rm -rf / #"
 
 
 def hostile_recipe(**changes) -> Recipe:
     data = load_recipe("grpo").to_dict()
-    data.update(name=HOSTILE, description="line1\nEOF\n'; rm -rf / #", **changes)
+    data.update(name=HOSTILE, description=HOSTILE_TEXT, **changes)
     return Recipe.from_dict(data)
 
 
@@ -52,7 +56,7 @@ def test_yaml_round_trip_of_hostile_and_edited_recipes():
     text = recipe_yaml(recipe)
     assert Recipe.from_yaml(text) == recipe
     assert text.startswith("# RL Workbench recipe.")
-    assert Recipe.from_yaml(text).name == HOSTILE
+    assert Recipe.from_yaml(text).name == HOSTILE and Recipe.from_yaml(text).description == HOSTILE_TEXT
 
 
 def test_safe_name_and_heredoc_delimiter():
@@ -156,7 +160,7 @@ def test_hostile_names_are_quoted_in_every_script(tmp_path):
             if line.startswith("#") and "PWNED" in line:  # comments and #SBATCH lines carry only reduced names
                 assert line.count("PWNED") == line.count("touch_PWNED"), (kind, line)
                 assert "$(" not in line and "touch " not in line, (kind, line)
-        assert "RUN_NAME=evil_touch_PWNED1_touch_PWNED2_touch_PWNED3_WORKBENCH_RECIPE_nam\n" in text  # 64 chars
+        assert "RUN_NAME=ev_touch_PWNED1_touch_PWNED2_touch_PWNED3_WORKBENCH_RECIPE\n" in text
         lines = text.splitlines()
         start = lines.index("RECIPE_TEXT=$(cat <<'WORKBENCH_RECIPE'")
         inlined = "\n".join(lines[start + 1:lines.index("WORKBENCH_RECIPE", start)])

@@ -33,10 +33,12 @@ def samples_event(step: int, t: float) -> dict:
 def add_run(store: RunStore, *, preset: str = "grpo", name: str | None = None, steps: int = 3, total: int = 10,
             status: str = "finished", group: str | None = None, tags=(), notes: str = "", owner: str = "alice",
             reward_offset: float = 0.0, run_id: str | None = None, t0: float | None = None,
-            extra_metrics=None) -> str:
+            extra_metrics=None, seed: int | None = None) -> str:
     """Register a run row and ingest ``steps`` steps of metrics + samples; returns its id.
-    ``extra_metrics(step) -> dict``: more metrics logged at each step (names beyond the base line)."""
-    recipe = load_recipe(preset)
+    ``extra_metrics(step) -> dict``: more metrics logged at each step (names beyond the base line).
+    ``seed``: the recipe's train.seed (the preset's by default); runs of one arm in a group need
+    distinct seeds (the store refuses a copy)."""
+    recipe = load_recipe(preset, [] if seed is None else [f"train.seed={seed}"])
     run_id = run_id or f"{name or preset}-{len(store.runs())}"
     store.create_run(run_id=run_id, name=name or preset, algorithm=recipe.name, recipe_yaml=recipe.to_yaml(),
                      total_steps=total, target="local", launcher="local", host="localhost", created_by=owner,

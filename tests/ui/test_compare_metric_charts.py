@@ -69,7 +69,7 @@ def test_a_chosen_metric_is_drawn_as_its_own_chart(home, judged):
 
 def test_a_chosen_metric_is_drawn_per_arm_in_the_arms_view(home, store):
     for seed in range(2):
-        add_run(store, name="grpo", steps=3, total=3, group="g", t0=1000.0,
+        add_run(store, name="grpo", steps=3, total=3, group="g", t0=1000.0, seed=seed,
                 extra_metrics=lambda step, seed=seed: {"judge/agreement": 0.1 * step + 0.2 * seed})
     at = page("compare_page").run()
     assert at.radio(key="compare_view").value == "arms"
