@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from workbench.machine import NVIDIA_GPUS_DIR, check_fits_machine, visible_gpus
+from workbench.machine import NVIDIA_GPUS_DIR, check_fits_machine, visible_gpu_count, visible_gpus
 from workbench.recipe import Recipe, RecipeError
 
 
@@ -42,3 +42,12 @@ def test_the_machine_check_counts_the_visible_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(RecipeError, match=r"--processes=3: at most 1 on this machine \(1 CPUs, 0 GPUs\)"):
         check_fits_machine(Recipe(), 3, cpus=1)
+
+
+@pytest.mark.parametrize("value, count", [("0,2", 2), ("", 0), ("-1", 0), ("MIG-8a1f2b3c-0d4e,1", 2),
+                                          ("GPU-8a1f2b3c-0d4e,GPU-11aa22bb-33cc", 2)])
+def test_the_machine_checks_count_devices_named_by_uuid_too(monkeypatch, value, count):
+    """A MIG slice or a scheduler's UUID list is a GPU to the run: the checks count it (the queue,
+    which places runs by index, does not use it)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert visible_gpu_count() == count

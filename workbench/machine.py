@@ -35,7 +35,7 @@ def visible_gpus(*, torch_on_rocm: bool = False) -> list[int]:
       launcher hands each run and what a user or scheduler sets, so it is taken as given (on
       WSL2 or in a container the driver's files may be absent). "" hides every GPU; entries that
       are not indices are left out: "-1", and the ``GPU-<uuid>`` / ``MIG-<uuid>`` forms, which
-      only the driver's tool could map to an index.
+      only the driver's tool could map to an index (``visible_gpu_count`` counts them).
     - Else the NVIDIA driver's GPUs 0..n-1, one entry each under /proc/driver/nvidia/gpus.
     - Else (no NVIDIA driver) []: a CPU machine; on an AMD (ROCm) machine torch counts the GPUs
       only with ``torch_on_rocm`` (the queue, which must place runs there); the machine checks
@@ -51,6 +51,15 @@ def visible_gpus(*, torch_on_rocm: bool = False) -> list[int]:
     import torch
 
     return list(range(torch.cuda.device_count()))
+
+
+def visible_gpu_count() -> int:
+    """How many GPUs this process sees, for the machine checks: ``visible_gpus`` plus the devices
+    CUDA_VISIBLE_DEVICES names by ``GPU-<uuid>`` / ``MIG-<uuid>`` (a MIG slice or a scheduler's
+    UUID list is a GPU to the run, though the queue cannot place it by index)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    named = [e.strip() for e in (env or "").split(",") if e.strip().startswith(("GPU-", "MIG-"))]
+    return len(visible_gpus()) + len(named)
 
 
 def memory_footprint(recipe: Recipe, processes: int = 1, *, on_gpu: bool = False) -> TrainingFootprint | None:
@@ -113,7 +122,7 @@ def check_fits_machine(recipe: Recipe, processes: int = 1, *, cpus: int | None =
     Raises RecipeError naming the field, the value and the limit.
     """
     cpus = available_cpus() if cpus is None else cpus
-    gpus = len(visible_gpus()) if gpus is None else gpus
+    gpus = visible_gpu_count() if gpus is None else gpus
     most = max(cpus, gpus)
     if processes < 1:
         raise RecipeError(f"--processes={processes}: at least 1")
