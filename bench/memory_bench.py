@@ -1,4 +1,4 @@
-"""Is the memory estimate an upper bound? recipe.memory_footprint against a measured peak RSS.
+"""Is the memory estimate an upper bound? machine.memory_footprint against a measured peak RSS.
 
     python bench/memory_bench.py [--model smollm2-135m] [--only full_kl lora ...] [--set key=value ...]
 
@@ -94,7 +94,8 @@ def main() -> int:
            "TOKENIZERS_PARALLELISM": "false"}
     os.environ["WORKBENCH_HOME"] = str(home)
     from workbench.model_facts import format_bytes
-    from workbench.recipe import load_recipe, memory_footprint
+    from workbench.machine import memory_footprint
+    from workbench.recipe import load_recipe
 
     py = sys.executable
     convert = f"from workbench.engine.models import resolve_model; resolve_model({args.model!r})"

@@ -70,3 +70,11 @@ def test_reading_the_default_window_and_building_the_parser_load_no_statistics()
                   "build_parser()\nprint(sorted(m for m in ('scipy', 'torch', 'workbench.analysis.stats') if m in sys.modules))")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_recipe_schema_imports_no_machine_check():
+    """Recipe is a pure schema: what fits this machine (workbench.machine) sits above it."""
+    out = _python("import sys\nimport workbench.recipe\nprint('workbench.machine' in sys.modules)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    assert not any(name.startswith("workbench.machine") for name in _imported_modules(PACKAGE / "recipe.py"))

@@ -629,7 +629,7 @@ def test_tiny_model_positions_are_one_definition():
 
 
 def test_machine_limits_name_the_field():
-    from workbench.recipe import check_fits_machine
+    from workbench.machine import check_fits_machine
 
     recipe = Recipe().with_overrides(["train.threads=3"])
     raises(lambda: check_fits_machine(recipe, 1, cpus=2, gpus=0), "train.threads=3: at most 2")
@@ -736,7 +736,7 @@ def test_the_stale_behaviour_costs_the_adapters_under_lora(tmp_path):
     aside, 4 T. By hand (test above's shape): 4 x 744 and 4 x 16; SmolLM2 (P 134,515,008, all-linear
     r=16 T 4,884,480) through the recipe: 538,060,032 and 19,537,920 bytes."""
     from workbench.model_facts import ModelShape, training_footprint
-    from workbench.recipe import memory_footprint
+    from workbench.machine import memory_footprint
 
     shape = ModelShape(hidden=8, layers=1, vocab=10, intermediate=16, heads=2, kv_heads=2, head_dim=4, tied=True)
     assert training_footprint(shape, behaviour_copy=True).parts["behaviour copy"] == 4 * 744
@@ -752,7 +752,7 @@ def test_a_recipe_that_does_not_fit_says_so(tmp_path):
     """SmolLM2's shape: full fine-tuning with a reference copy needs more than 1 GiB and less than
     24 GiB; LoRA + gradient checkpointing + bf16 fits in 4 GiB where full fine-tuning does not.
     The message names the estimate, its parts and the memory; a GPU's share for vLLM is left out."""
-    from workbench.recipe import check_fits_machine, memory_footprint
+    from workbench.machine import check_fits_machine, memory_footprint
 
     recipe = Recipe().with_overrides([f"model={_model_dir(tmp_path / 'smollm2', **SMOLLM2_CONFIG)}", "algorithm.kl_coef=0.04"])
     check_fits_machine(recipe, 1, cpus=2, gpus=0, memory=24 * 2**30)
@@ -772,7 +772,7 @@ def test_a_recipe_that_does_not_fit_says_so(tmp_path):
 
 def test_a_teacher_is_counted_in_the_memory_estimate(tmp_path, monkeypatch):
     """On-policy distillation holds the teacher's fp32 weights too: 4 x 134,515,008 bytes for SmolLM2."""
-    from workbench.recipe import memory_footprint
+    from workbench.machine import memory_footprint
 
     monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))  # a teacher path must lie in the workbench home
     model = _model_dir(tmp_path / "models" / "smollm2", **SMOLLM2_CONFIG)
@@ -785,7 +785,7 @@ def test_a_teacher_is_counted_in_the_memory_estimate(tmp_path, monkeypatch):
 def test_the_readmes_smollm2_estimates(tmp_path):
     """README "Bigger models": SmolLM2-135M with the grpo preset is estimated at 11.5 GiB for full
     fine-tuning with a reference copy and 3.6 GiB with lora.r=16 + checkpointing + bf16."""
-    from workbench.recipe import memory_footprint
+    from workbench.machine import memory_footprint
 
     model = _model_dir(tmp_path / "smollm2", **SMOLLM2_CONFIG)
     full = load_recipe("grpo", [f"model={model}", "algorithm.kl_coef=0.04"])
@@ -810,7 +810,7 @@ def test_a_hostile_model_is_refused_before_the_run_starts_without_torch(tmp_path
     res = cli(home, "train", "grpo", "--set", f"model={huge}", "--run-dir", str(run_dir))
     assert_one_line_error(res, f"model={huge!r} does not fit", "TiB", "of RAM")
     assert not run_dir.exists() and leftovers(home) == []
-    code = ("import sys; from workbench.recipe import check_fits_machine, load_recipe, RecipeError\n"
+    code = ("import sys; from workbench.machine import check_fits_machine\nfrom workbench.recipe import load_recipe, RecipeError\n"
             f"r = load_recipe('grpo', ['model={huge}'])\n"
             "try:\n    check_fits_machine(r)\nexcept RecipeError:\n    pass\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")

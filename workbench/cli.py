@@ -23,7 +23,8 @@ from pathlib import Path
 
 from workbench.console import report
 from workbench.home import workbench_home
-from workbench.recipe import check_fits_machine, load_recipe, preset_names, preset_path
+from workbench.machine import check_fits_machine
+from workbench.recipe import load_recipe, preset_names, preset_path
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE

@@ -8,7 +8,6 @@ fails with an error naming the field, the value and what is allowed.
 
 from __future__ import annotations
 
-import os
 import unicodedata
 from dataclasses import fields
 from pathlib import Path
@@ -42,9 +41,7 @@ from workbench.core.choices import (
 from workbench.core.registry import check_choice
 from workbench.home import confined_path, workbench_home
 from workbench.yamlsafe import MAX_FILE_BYTES, YamlInputError, load_yaml, read_yaml_file, short
-from workbench.model_facts import (ASSUMED_PROMPT_TOKENS, LLAMA_LINEAR_MODULES, TINY_MAX_POSITIONS, TINY_MODEL,
-                                   VLLM_CPU_KVCACHE_GIB, VLLM_GPU_MEMORY_UTILIZATION, TrainingFootprint, builtin_model_names, format_bytes,
-                                   gpu_memory_bytes, host_memory_bytes, model_facts, training_footprint)
+from workbench.model_facts import LLAMA_LINEAR_MODULES, TINY_MAX_POSITIONS, TINY_MODEL, builtin_model_names, model_facts
 
 if TYPE_CHECKING:
     from workbench.core.advantages import AdvantageConfig
@@ -67,7 +64,7 @@ MAX_PROMPTS_PER_STEP = 4096
 MAX_BATCH = 65_536  # completions per step: prompts_per_step x G
 MAX_COMPLETION_LENGTH = 131_072  # the longest contexts of current models; the model's own is checked too
 MAX_MU = 64
-MAX_THREADS = 256  # the machine's CPUs are checked where the run starts (check_fits_machine)
+MAX_THREADS = 256  # the machine's CPUs are checked where the run starts (machine.check_fits_machine)
 MAX_LOGGED_ROWS = 4096  # samples / diagnostics sequences per step
 MAX_SEED = 2**32 - 1  # numpy's limit
 MAX_STALENESS = 64  # train.staleness: k + 1 CPU copies of the policy are kept
@@ -726,91 +723,6 @@ def _check_task(recipe: "Recipe") -> None:
         raise ValueError(
             f"eval.every={recipe.eval.every} with dataset={recipe.dataset!r}: set eval.dataset to held-out prompts "
             "(prompts that training never sees), or eval.every=0")
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (the affinity mask, as taskset / cgroups set it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def visible_gpus() -> int:
-    """NVIDIA GPUs on this machine, read from the driver (no torch import); CUDA_VISIBLE_DEVICES narrows them."""
-    gpus = len(list(Path("/proc/driver/nvidia/gpus").glob("*")))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        gpus = min(gpus, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
-    return gpus
-
-
-def memory_footprint(recipe: Recipe, processes: int = 1, *, on_gpu: bool = False) -> TrainingFootprint | None:
-    """One training process's memory (model_facts.training_footprint), estimated from the model's
-    config.json; None when its shape is not known before loading (tiny, an unconverted built-in,
-    a hub id not cached, another architecture). A micro-batch is this process's share of the batch
-    split into minibatches x grad_accum; sequences are max_prompt_length (else an assumed
-    ASSUMED_PROMPT_TOKENS) + max_completion_length tokens."""
-    facts = model_facts(recipe.model)
-    if facts is None or facts.shape is None:
-        return None
-    s, t, lora = recipe.sampling, recipe.train, recipe.lora
-    rows = max(1, recipe.batch_size // processes // (t.minibatches * t.grad_accum))
-    footprint = training_footprint(
-        facts.shape, lora_r=lora.r, lora_targets=lora.target_modules,
-        reference_copy=recipe.algorithm.uses_reference and not lora.enabled, critic=recipe.algorithm.critic,
-        behaviour_copy=t.staleness > 0, vllm_copy=t.rollout == "vllm", rows=rows,
-        seq=(s.max_prompt_length or ASSUMED_PROMPT_TOKENS) + s.max_completion_length,
-        completion=s.max_completion_length, precision=t.precision, checkpointing=t.gradient_checkpointing,
-        scoring_rows=max(1, recipe.batch_size // processes))
-    teacher = model_facts(recipe.teacher.model) if recipe.teacher.enabled else None
-    if teacher is not None and teacher.shape is not None:  # on-policy distillation: fp32, no gradients
-        footprint.parts["teacher"] = 4 * teacher.shape.num_parameters
-    if t.rollout == "vllm" and not on_gpu:  # its KV cache on CPU (on a GPU: a share of the card, below)
-        footprint.parts["vLLM KV cache"] = VLLM_CPU_KVCACHE_GIB * 2**30
-    return footprint
-
-
-def check_fits_memory(recipe: Recipe, processes: int, gpus: int, *, memory: int | None = None) -> None:
-    """Refuse a recipe whose estimated footprint exceeds this machine's memory: one GPU's per
-    process (less vLLM's share when it is colocated), or the RAM all CPU processes share.
-    ``memory`` overrides what the machine reports (bytes)."""
-    on_gpu = gpus > 0
-    footprint = memory_footprint(recipe, processes, on_gpu=on_gpu)
-    if footprint is None:
-        return
-    where = "GPU memory" if on_gpu else "RAM"
-    if memory is None:
-        memory = gpu_memory_bytes() if on_gpu else host_memory_bytes()
-    if memory is None:  # a GPU whose memory the driver's tool did not report: nothing to compare
-        return
-    budget = memory * (1 - VLLM_GPU_MEMORY_UTILIZATION) if on_gpu and recipe.train.rollout == "vllm" else memory
-    need = footprint.total * (1 if on_gpu else processes)
-    if need > budget:
-        per = "per GPU" if on_gpu else (f"for {processes} processes" if processes > 1 else "")
-        raise RecipeError(
-            f"model={recipe.model!r} does not fit: the run needs about {format_bytes(need)} {per} "
-            f"({footprint.describe()}) and this machine has {format_bytes(budget)} of {where}; "
-            "try lora.r (e.g. 16), train.gradient_checkpointing=true, train.precision=bf16, "
-            "train.grad_accum or a smaller batch")
-
-
-def check_fits_machine(recipe: Recipe, processes: int = 1, *, cpus: int | None = None, gpus: int | None = None,
-                       memory: int | None = None) -> None:
-    """Refuse, before a run starts here, what this machine cannot hold.
-
-    processes: one per GPU, or one per CPU when there is no GPU -> at most max(gpus, cpus).
-    train.threads: torch threads per CPU process -> at most the CPUs.
-    Memory: the estimated footprint (check_fits_memory) -> at most the GPU's memory or the RAM.
-    Raises RecipeError naming the field, the value and the limit.
-    """
-    cpus = available_cpus() if cpus is None else cpus
-    gpus = visible_gpus() if gpus is None else gpus
-    most = max(cpus, gpus)
-    if processes < 1:
-        raise RecipeError(f"--processes={processes}: at least 1")
-    if processes > most:
-        raise RecipeError(f"--processes={processes}: at most {most} on this machine ({cpus} CPUs, {gpus} GPUs)")
-    if recipe.train.threads > cpus:
-        raise RecipeError(f"train.threads={recipe.train.threads}: at most {cpus}, the CPUs of this machine")
-    check_fits_memory(recipe, processes, gpus, memory=memory)
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:

@@ -14,7 +14,6 @@ import getpass
 import json
 import logging
 import math
-import os
 import shutil
 import threading
 import time
@@ -286,7 +285,8 @@ def plan_runs(sources: Sequence[str | Recipe], *, seeds: int = 1, sweep: Mapping
 
     Returns len(sources) x prod(len(values)) x seeds PlannedRun, arm-major, seeds ascending.
     """
-    from workbench.recipe import RecipeError, check_fits_machine
+    from workbench.machine import check_fits_machine
+    from workbench.recipe import RecipeError
     from workbench.runs.launchers import target_scheme
 
     if not sources:
@@ -430,27 +430,6 @@ def _claim_and_start(store: RunStore, run: dict, launcher: Launcher) -> bool:
     return True
 
 
-NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver sees
-ROCM_DEVICE = Path("/dev/kfd")
-
-
-def _visible_gpus() -> list[int]:
-    """GPU indices local runs may use: CUDA_VISIBLE_DEVICES, else every GPU the NVIDIA driver lists.
-
-    Torch is asked only on a ROCm machine: listing or collecting runs (which starts queued ones)
-    must not pay for importing it."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [int(x) for x in env.split(",") if x.strip().isdigit()]
-    if NVIDIA_GPUS_DIR.is_dir():
-        return list(range(len(list(NVIDIA_GPUS_DIR.iterdir()))))
-    if not ROCM_DEVICE.exists():
-        return []
-    import torch
-
-    return list(range(torch.cuda.device_count()))
-
-
 def usable_gpus(gpu_slots: int | None, visible: list[int]) -> list[int]:
     """The GPUs local runs may take: the first ``gpu_slots`` visible devices (None: all; 0: none,
     every local run then uses the CPU slots). See ``Settings.gpu_slots``."""
@@ -474,7 +453,9 @@ def _start_queued_local(store: RunStore, settings: Settings) -> int:
         running = [r for r in claimed if not _drop_orphaned_claim(store, r)]
         if not queued:
             return 0
-        usable = usable_gpus(settings.gpu_slots, _visible_gpus())
+        from workbench.machine import visible_gpus  # here: the recipe schema it imports loads only for a queued run
+
+        usable = usable_gpus(settings.gpu_slots, visible_gpus(torch_on_rocm=True))
         launcher = launcher_for("local", settings)
         started = 0
         for run in queued:
