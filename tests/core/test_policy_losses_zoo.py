@@ -342,6 +342,36 @@ def test_kl_cov_matches_verl(seed, ratio):
     torch.testing.assert_close(ga, gb, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_kl_cov_and_clip_cov_match_verl_on_large_float32_batches(seed):
+    """fp32, 64 x 256 tokens, per-token advantages: the selections and losses are verl's (only a
+    batch of one value up to rounding is centred differently, to exactly 0). KL-Cov at ratio 0.5
+    reaches deep into near-zero covariances; Clip-Cov's band (-0.3, 0.3) straddles 0."""
+    logp, old, _, mask = (t.float() for t in random_batch(seed, B=64, T=256))
+    adv = torch.randn(64, 256, generator=torch.Generator().manual_seed(seed + 99))
+    ours, _ = compute_policy_loss("kl_cov", logp, old, adv, mask, PolicyLossConfig(kl_cov_ratio=0.5, kl_cov_coef=0.7))
+    torch.testing.assert_close(ours, verl_kl_cov(old, logp.clone(), adv, mask, 0.5, 0.7) * mask)
+    cfg = dict(eps_low=0.2, eps_high=0.28, clip_cov_ratio=0.2, clip_cov_lb=-0.3, clip_cov_ub=0.3)
+    torch.manual_seed(seed)
+    ours, _ = compute_policy_loss("clip_cov", logp, old, adv, mask, PolicyLossConfig(**cfg))
+    torch.manual_seed(seed)
+    torch.testing.assert_close(ours, verl_clip_cov(old, logp, adv, mask, 0.2, 0.28, 0.2, -0.3, 0.3) * mask)
+
+
+def test_a_tiny_real_covariance_is_kept_as_verl_keeps_it():
+    """Only a constant batch is centred to 0. A = [1, 2, -2, 5e-15, -1] (mean 1e-15) and logp =
+    [-2, -1, -3, -1.5, -2.5] (mean -2): Cov = [0, 2, 2, 2e-15, 0.5]. KL-Cov at ratio 0.8 (k = 4)
+    penalises token 3 (Cov 2e-15 > 0), as verl's topk does; snapping deviations within 64 ulps of
+    max |A| (this round's first fix) zeroed it and picked token 0 instead."""
+    logp = torch.tensor([[-2.0, -1.0, -3.0, -1.5, -2.5]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 2.0, -2.0, 5e-15, -1.0]], dtype=torch.float64)
+    mask = torch.ones_like(adv)
+    assert selected_valid_tokens("kl_cov", logp, adv, mask, kl_cov_ratio=0.8, kl_cov_coef=0.7) == [1, 2, 3, 4]
+    old = logp - 0.01
+    ours, _ = compute_policy_loss("kl_cov", logp, old, adv, mask, PolicyLossConfig(kl_cov_ratio=0.8, kl_cov_coef=0.7))
+    torch.testing.assert_close(ours, verl_kl_cov(old, logp.clone(), adv, mask, 0.8, 0.7), atol=0, rtol=0)
+
+
 def constant_advantage_batches():
     """Batches whose valid advantages are all one value, each with a copy where that value is one ulp
     off (0 becomes -0.0) and masked columns hold garbage: what padding does to ReMax advantages."""

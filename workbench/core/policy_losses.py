@@ -366,30 +366,32 @@ def dppo_kl_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig)
     return _dppo_loss(logp, old_logp, advantages, mask, cfg, _dppo_kl_valid)
 
 
-# A deviation from the batch mean smaller than this many ulps of the largest |value| is rounding
-# noise, not signal: the mean of n equal values is not always that value in floating point, and
-# padding (or an upstream estimator) can move it by an ulp. Such deviations are snapped to exactly
-# 0, so a batch of constant advantages gives Cov_t = 0 for every token (a tie, broken by
-# ``_top_k_valid``) instead of +-1e-16 whose signs depend on where the padding sits. A real
-# deviation is many orders of magnitude larger (fp64: 1.4e-14 relative, fp32: 7.6e-6).
+# A batch whose valid values all lie within this many ulps of their largest |value| is constant:
+# the mean of n equal values is not always that value in floating point, and padding (or an
+# upstream estimator, e.g. ReMax on a row of constant reward) moves them by an ulp, so the
+# deviations would be +-1e-16 with signs that depend on where the padding sits. Such a batch is
+# centred to exactly 0 (every Cov_t = 0: a tie, broken by ``_top_k_valid``). Any other batch is
+# centred exactly as verl does (x - masked mean, in x's dtype), so its numbers are verl's.
 COV_NOISE_ULPS = 64
 
 
 def _centred(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x - masked mean of x over the valid tokens, with rounding noise (``COV_NOISE_ULPS``) set to 0.
-    Half-precision inputs are centred in float32 (64 bf16 ulps would be half the scale)."""
-    if torch.finfo(x.dtype).bits < 32:
-        x = x.float()
+    """x - masked mean of x over the valid tokens (verl's arithmetic); all 0 when the valid values
+    are one value up to rounding (``COV_NOISE_ULPS`` float32 ulps at least, so a bf16 batch is
+    constant only when its values are equal)."""
     dev = x - masked_mean(x, mask)
-    scale = torch.where(mask > 0, x.abs(), torch.zeros_like(x)).amax() if x.numel() else x.new_zeros(())
-    noise = COV_NOISE_ULPS * torch.finfo(x.dtype).eps * scale
-    return torch.where(dev.abs() <= noise, torch.zeros_like(dev), dev)
+    valid = x[mask > 0]
+    if valid.numel() == 0:
+        return dev
+    eps = torch.finfo(torch.float32 if torch.finfo(x.dtype).bits < 32 else x.dtype).eps
+    spread, scale = (valid.max() - valid.min()).float(), valid.abs().max().float()
+    return torch.zeros_like(dev) if bool(spread <= COV_NOISE_ULPS * eps * scale) else dev
 
 
 def token_covariance(logp, advantages, mask) -> torch.Tensor:
     """Cov_t = (A_t - mean A)(logp_t - mean logp), means over the valid tokens of the batch
     (Cui et al. 2025: entropy falls in proportion to this covariance). (B, T) -> (B, T), detached.
-    A deviation within rounding noise of the mean counts as 0 (``COV_NOISE_ULPS``)."""
+    A factor whose valid values are one value up to rounding is centred to exactly 0 (``_centred``)."""
     return _centred(advantages.detach(), mask) * _centred(logp.detach(), mask)
 
 
@@ -427,7 +429,7 @@ def clip_cov_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig
 
     The draw uses ``cfg.cov_seed`` (see PolicyLossConfig) over the valid tokens in row-major
     order, so it does not depend on padding; nor does the band test at an edge of 0, since a
-    covariance within rounding noise is exactly 0 (``COV_NOISE_ULPS``). Statistics are over the tokens of this call (as in
+    batch of one value up to rounding has covariance exactly 0 (``_centred``). Statistics are over the tokens of this call (as in
     verl: per micro-batch). ``clip_cov/selected_mean`` = fraction of valid tokens drawn.
     """
     plain = replace(cfg, clip_c=None, delta=None)
