@@ -8,6 +8,7 @@ taken from a launch form.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -115,6 +116,15 @@ class Settings(_Strict):
     gpu_slots: int | None = Field(None, ge=0)
     """Local GPUs runs may take: the first N visible devices (None: all of them; 0: none, local runs use the CPU slots). Each run takes one free device per process and waits until that many are free; a run needing more than there are fails at once."""
 
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Reverse proxies (IP addresses or CIDR networks, e.g. 127.0.0.1 for one on this machine) whose X-Forwarded-For the sign-in limit believes: with one listed, a client behind it is counted under the right-most address in that header that is not itself a listed proxy. Empty (the default): forwarding headers are ignored, since a client can write them, and attempts are counted under the connection's address ('local' for this machine, SSH tunnels included). The proxy must append to X-Forwarded-For or overwrite it."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        proxy_networks(value)  # raises naming the first entry that is not an address or network
+        return [entry.strip() for entry in value]
+
     @field_validator("reward_funcs_allowed")
     @classmethod
     def _references(cls, value: list[str]) -> list[str]:
@@ -132,6 +142,22 @@ class Settings(_Strict):
             if not _NAME_PATTERN.match(name):
                 raise ValueError(f"ssh host name {name!r} is not allowed; use letters, digits, '.', '-', '_'")
         return value
+
+    def trusted_proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return proxy_networks(self.trusted_proxies)
+
+
+def proxy_networks(entries: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``trusted_proxies`` entries (an IP address or a CIDR network each; host bits are allowed,
+    '10.1.2.3/8' is 10.0.0.0/8) as networks; raises ValueError naming the first that is neither."""
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(str(entry).strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"trusted_proxies: {str(entry)!r:.80} is not an IP address or network "
+                             "(e.g. 127.0.0.1, 10.0.0.0/8, ::1)") from None
+    return networks
 
 
 def settings_path(home: Path | None = None) -> Path:

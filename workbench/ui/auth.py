@@ -10,10 +10,12 @@ the owner (``created_by``) of what that session launches; it is kept in
 ``st.session_state["wb_user"]``.
 
 Guessing is limited server-wide (``signin_limits``): failed sign-ins are counted per client
-address and per name in a SQLite ledger under the workbench home that every session and app
-process shares; after 5 failures each further one locks that address / name for 2 s, 4 s, 8 s ...
-at most 15 min, and while locked an attempt is refused without its password being looked at.
-Every failed or refused attempt is logged (logger ``workbench.auth``, WARNING).
+address and for the whole server in a SQLite ledger under the workbench home that every session
+and app process shares. The typed name is a label, not a key. After 5 failures each further one
+locks that address for 2 s, 4 s, 8 s ... at most 15 min; once the server counts 50 failures with
+no 10-min pause, each further one locks everyone for 2 s, 4 s ... at most 60 s. While locked an
+attempt is refused without its password being looked at. Forwarding headers count only from the ``trusted_proxies`` of the
+settings. Every failed or refused attempt is logged (logger ``workbench.auth``, WARNING).
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from dataclasses import dataclass
 import streamlit as st
 
 from workbench.home import workbench_home
-from workbench.ui.signin_limits import LEDGER_FILE, AttemptLedger, client_address, describe_wait, ledger_keys
+from workbench.runs.settings import SettingsError, load_settings
+from workbench.ui.signin_limits import (
+    GLOBAL_KEY,
+    LEDGER_FILE,
+    AttemptLedger,
+    client_address,
+    describe_wait,
+    key_kind,
+    ledger_keys,
+)
 
 log = logging.getLogger("workbench.auth")
 # The ledger's clock (wall-clock seconds, shared with other app processes); tests move it.
@@ -132,19 +143,39 @@ def signin_ledger() -> AttemptLedger:
     return AttemptLedger(workbench_home() / LEDGER_FILE, clock=lambda: signin_clock())
 
 
+def trusted_proxies() -> list:
+    """The settings' trusted proxies as networks; none when the settings file is unreadable (then
+    forwarding headers are ignored: the safe side)."""
+    try:
+        return load_settings().trusted_proxy_networks()
+    except SettingsError as err:
+        log.warning("sign-in: settings unreadable, trusting no proxy: %s", err)
+        return []
+
+
 def current_client_address() -> str:
     """This session's client address (``signin_limits.client_address``)."""
     try:
-        ip, headers = st.context.ip_address, dict(st.context.headers or {})
+        ip, forwarded = st.context.ip_address, st.context.headers.get_all("X-Forwarded-For")
     except Exception:  # no script-run context (e.g. called from a thread): nothing to read
-        ip, headers = None, {}
-    return client_address(ip, headers)
+        ip, forwarded = None, []
+    return client_address(ip, forwarded if isinstance(forwarded, list) else [], trusted_proxies())
+
+
+# which lock refused an attempt -> how the refusal names it
+LOCK_SCOPES = {"address": "from this address", GLOBAL_KEY: "on this workbench (from all addresses)"}
+
+
+def refusal_message(locked: tuple[str, ...], wait: float) -> str:
+    scopes = " and ".join(dict.fromkeys(LOCK_SCOPES[key_kind(key)] for key in locked))
+    return f"Too many failed sign-ins {scopes}: try again in {describe_wait(wait)}."
 
 
 def sign_in(user: str, password: str, address: str | None = None) -> str | None:
     """Check a sign-in; on success record the user and return None, else the error message.
-    Attempts pass through the ledger first: while the address or the name is locked the attempt is
-    refused whatever the password, saying how long to wait."""
+    Attempts pass through the ledger first: while the address (or the whole server) is locked the
+    attempt is refused whatever the password, saying how long to wait. The name is not a key:
+    anyone may type any name, so locking a name would only let strangers lock its owner out."""
     expected = configured_password()
     if not expected:
         return current_policy().reason
@@ -153,12 +184,12 @@ def sign_in(user: str, password: str, address: str | None = None) -> str | None:
     except ValueError as err:
         return str(err)
     address = address or current_client_address()
-    keys, ledger = ledger_keys(address, user), signin_ledger()
+    keys, ledger = ledger_keys(address), signin_ledger()
     admission = ledger.admit(keys)
     if not admission.allowed:
-        log.warning("sign-in refused (locked for %.0f s more): name=%r address=%s", admission.wait_s, user, address)
-        return (f"Too many failed sign-ins from this address or for this name: try again in "
-                f"{describe_wait(admission.wait_s)}.")
+        log.warning("sign-in refused (locked for %.0f s more by %s): name=%r address=%s",
+                    admission.wait_s, ",".join(admission.locked), user, address)
+        return refusal_message(admission.locked, admission.wait_s)
     if not password_matches(password, expected):
         wait = ledger.wait_s(keys)
         log.warning("sign-in failed (wrong password): name=%r address=%s failures=%s next attempt in %.0f s",
