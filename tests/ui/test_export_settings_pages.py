@@ -93,3 +93,23 @@ def test_renamed_host_keeps_its_python_and_setup_and_a_new_row_gets_none(home):
     assert (hosts["gpu2"].hostname, hosts["gpu2"].python, hosts["gpu2"].setup) == \
            ("gpu1.lab", "/opt/py/bin/python", "source ~/venv1/bin/activate")
     assert (hosts["new"].python, hosts["new"].setup) == (SSHHost(hostname="x").python, SSHHost(hostname="x").setup)
+
+
+# Values the page does not show, one per such field: a field added to Settings later without a
+# value here fails the walk below, so the page cannot silently reset it.
+HIDDEN_SETTINGS = {"reward_funcs_allowed": ["tests.engine.faulty_rewards:raises_at_step_2"],
+                   "trusted_proxies": ["10.0.0.0/8"]}
+PAGE_SETTINGS = {"ssh_hosts", "slurm", "cpu_slots", "gpu_slots"}
+
+
+def test_saving_the_page_keeps_every_setting_it_does_not_show(home):
+    assert set(Settings.model_fields) == PAGE_SETTINGS | set(HIDDEN_SETTINGS)
+    save_settings(Settings(**HIDDEN_SETTINGS))
+    at = page("settings_page").run()
+    at.number_input(key="set_cpu").set_value(2).run()
+    at.button(key="set_save").click().run()
+    assert not at.error, [e.value for e in at.error]
+    saved = load_settings()
+    assert saved.cpu_slots == 2
+    for name, value in HIDDEN_SETTINGS.items():
+        assert getattr(saved, name) == Settings(**{name: value}).__dict__[name], name

@@ -99,7 +99,10 @@ def render() -> None:
     except ValueError:
         st.error(f"gpu_slots={gpu_text!r} is not allowed; a whole number >= 0, or empty for one per visible device")
         return
-    data = {"ssh_hosts": hosts_from_frame(edited, settings), "slurm": {k: (v.strip() if isinstance(v, str) else int(v))
+    # Start from what is stored: fields this page does not show (an admin's reward_funcs_allowed,
+    # trusted_proxies, whatever is added later) are kept, not reset to their defaults.
+    data = {**settings.model_dump(mode="json"),
+            "ssh_hosts": hosts_from_frame(edited, settings), "slurm": {k: (v.strip() if isinstance(v, str) else int(v))
                                                                       for k, v in slurm.items()},
             "cpu_slots": int(cpu_slots), "gpu_slots": gpu_slots}
     try:
