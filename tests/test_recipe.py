@@ -636,7 +636,8 @@ def test_machine_limits_name_the_field():
     check_fits_machine(recipe, 1, cpus=4, gpus=0)
     raises(lambda: check_fits_machine(Recipe(), 100000, cpus=16, gpus=8), "--processes=100000: at most 16")
     raises(lambda: check_fits_machine(Recipe(), 0, cpus=16, gpus=0), "--processes=0: at least 1")
-    check_fits_machine(Recipe(), 8, cpus=2, gpus=8)  # one process per GPU
+    check_fits_machine(Recipe().with_overrides(["sampling.prompts_per_step=8"]), 8, cpus=2, gpus=8)  # one process per GPU
+    raises(lambda: check_fits_machine(Recipe(), 8, cpus=2, gpus=8), "sampling.prompts_per_step=4: must divide among the 8")
 
 
 @pytest.mark.parametrize("item", ["train.steps=[1,", "name=`x`", "name={a: 1"])

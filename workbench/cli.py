@@ -1,7 +1,7 @@
 """Command line: ``python -m workbench ...``.
 
     train RECIPE [--set key=value ...] [--run-dir DIR] [--stdout-events]
-    train --resume RUN_DIR [--stdout-events]   (continue a run from its newest checkpoint)
+    train --resume RUN_DIR [--stdout-events]   (continue a run from its newest intact checkpoint)
     recipes list | recipes show NAME
     model build tiny | tiny-teacher
     launch / runs / collect   (workbench/runs/cli.py)
@@ -51,7 +51,8 @@ def _cmd_train(args) -> int:
     else:
         recipe = load_recipe(args.recipe, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_fits_machine(recipe)  # threads vs this machine's CPUs, before any output is written
+    # threads vs this machine's CPUs, prompts_per_step vs the launch's processes: before any output is written
+    check_fits_machine(recipe, world=_launch_world())
     from workbench.engine.distill import check_teacher  # tokenizers only: a teacher must share the student's
 
     check_teacher(recipe)
@@ -59,11 +60,15 @@ def _cmd_train(args) -> int:
 
     check_run_inputs(recipe)
     claim = _claim_run_dir(recipe, run_dir, resume=args.resume is not None)
-    from workbench.engine.trainer import train  # heavy imports only when training
-
     try:
-        status = train(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(),
-                       resume=args.resume is not None, claim=claim)
+        from workbench.engine.trainer import Trainer  # heavy imports only when training
+
+        trainer = Trainer(recipe, run_dir, stdout_events=args.stdout_events, progress=sys.stderr.isatty(), claim=claim)
+    except BaseException:
+        claim.abandon()  # no event written: the directory is left as it was found, a fixed rerun may take it
+        raise
+    try:
+        status = trainer.run()
     finally:
         claim.release()
     print(f"{status}: {run_dir}", file=sys.stderr)
@@ -76,8 +81,13 @@ def _claim_run_dir(recipe, run_dir: Path, *, resume: bool):
     and an intact checkpoint; one live trainer per directory. RunDirError: one line, exit 2."""
     from workbench.engine import rundir
 
-    text = recipe.to_yaml()
-    return rundir.claim_resume(run_dir, text, recipe.train.steps) if resume else rundir.claim_new(run_dir, text)
+    return rundir.claim(run_dir, recipe.to_yaml(), recipe.train.steps, resume=resume)
+
+
+def _launch_world() -> int:
+    """Processes of this launch: ``WORLD_SIZE`` under ``accelerate launch`` / torchrun, else 1."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    return int(value) if value.isdecimal() and int(value) > 0 else 1
 
 
 def _cmd_recipes(args) -> int:
@@ -108,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="where events and the recipe go (default: WORKBENCH_HOME/runs/NAME-TIME)")
     t.add_argument("--stdout-events", action="store_true", help="mirror events to stdout (remote runs)")
     t.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest checkpoint (same run, same events.jsonl)")
+                   help="continue the run in RUN_DIR from its newest intact checkpoint (same run, same events.jsonl)")
     t.set_defaults(func=_cmd_train)
     r = sub.add_parser("recipes", help="list or show the presets")
     r.add_argument("action", choices=["list", "show"])

@@ -10,7 +10,9 @@ not train stay light.
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 from pathlib import Path
 
 from workbench.model_facts import (ASSUMED_PROMPT_TOKENS, VLLM_CPU_KVCACHE_GIB, VLLM_GPU_MEMORY_UTILIZATION,
@@ -27,15 +29,37 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+_INDEX = re.compile(r"\+?\d+")  # strtoul's reading of an entry: its leading digits ("1gpu2" is 1)
+_UUID_FORMS = ("GPU-", "MIG-")
+
+
+def parse_visible_devices(value: str) -> list[int] | list[str]:
+    """The devices a CUDA_VISIBLE_DEVICES value names, read as CUDA reads it (and torch.cuda's
+    ``_parse_visible_devices``, which mirrors it): a list of indices, or, when the value starts
+    with ``GPU-`` / ``MIG-``, of UUIDs of that form. Either list ends at its first entry that is
+    not of its form: for indices an empty entry, "-1", any negative number or a UUID ("0,2,-1,1"
+    names 0 and 2; "-1,0" and "" none; "0,,1" only 0); for UUIDs an entry of another form (a
+    mix "GPU-a,0" names GPU-a alone). A device named twice before the end hides every device."""
+    entries = value.split(",")
+    form = next((f for f in _UUID_FORMS if value.startswith(f)), None)
+    if form is not None:
+        named: list = list(itertools.takewhile(lambda e: e.startswith(form), entries))
+    else:
+        matches = itertools.takewhile(bool, (_INDEX.match(e.strip()) for e in entries))
+        named = [int(m.group()) for m in matches]
+    return named if len(set(named)) == len(named) else []
+
+
 def visible_gpus(*, torch_on_rocm: bool = False) -> list[int]:
     """Indices of the GPUs this process may use: the one GPU discovery (the run queue places runs
     on these; the machine checks count them). Torch is not imported unless asked.
 
-    - CUDA_VISIBLE_DEVICES set: the indices it names, in its order. It is what the local
-      launcher hands each run and what a user or scheduler sets, so it is taken as given (on
-      WSL2 or in a container the driver's files may be absent). "" hides every GPU; entries that
-      are not indices are left out: "-1", and the ``GPU-<uuid>`` / ``MIG-<uuid>`` forms, which
-      only the driver's tool could map to an index (``visible_gpu_count`` counts them).
+    - CUDA_VISIBLE_DEVICES set: the indices it names, in its order, up to its first entry that
+      is not one (``parse_visible_devices``: CUDA's reading). It is what the local launcher hands
+      each run and what a user or scheduler sets, so it is taken as given (on WSL2 or in a
+      container the driver's files may be absent). "" and "-1" hide every GPU; a list of
+      ``GPU-<uuid>`` / ``MIG-<uuid>`` names no index (only the driver's tool could map them;
+      ``visible_gpu_count`` counts them).
     - Else the NVIDIA driver's GPUs 0..n-1, one entry each under /proc/driver/nvidia/gpus.
     - Else (no NVIDIA driver) []: a CPU machine; on an AMD (ROCm) machine torch counts the GPUs
       only with ``torch_on_rocm`` (the queue, which must place runs there); the machine checks
@@ -43,7 +67,7 @@ def visible_gpus(*, torch_on_rocm: bool = False) -> list[int]:
     """
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
-        return [int(entry) for entry in env.split(",") if entry.strip().isdecimal()]
+        return [d for d in parse_visible_devices(env) if isinstance(d, int)]
     if NVIDIA_GPUS_DIR.is_dir():
         return list(range(len(list(NVIDIA_GPUS_DIR.iterdir()))))
     if not (torch_on_rocm and ROCM_DEVICE.exists()):
@@ -54,12 +78,11 @@ def visible_gpus(*, torch_on_rocm: bool = False) -> list[int]:
 
 
 def visible_gpu_count() -> int:
-    """How many GPUs this process sees, for the machine checks: ``visible_gpus`` plus the devices
-    CUDA_VISIBLE_DEVICES names by ``GPU-<uuid>`` / ``MIG-<uuid>`` (a MIG slice or a scheduler's
-    UUID list is a GPU to the run, though the queue cannot place it by index)."""
+    """How many GPUs this process sees, for the machine checks: the devices CUDA_VISIBLE_DEVICES
+    names, indices or ``GPU-<uuid>`` / ``MIG-<uuid>`` (a MIG slice or a scheduler's UUID list is
+    a GPU to the run, though the queue cannot place it by index), else ``visible_gpus``."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    named = [e.strip() for e in (env or "").split(",") if e.strip().startswith(("GPU-", "MIG-"))]
-    return len(visible_gpus()) + len(named)
+    return len(visible_gpus()) if env is None else len(parse_visible_devices(env))
 
 
 def memory_footprint(recipe: Recipe, processes: int = 1, *, on_gpu: bool = False) -> TrainingFootprint | None:
@@ -112,11 +135,21 @@ def check_fits_memory(recipe: Recipe, processes: int, gpus: int, *, memory: int 
             "train.grad_accum or a smaller batch")
 
 
-def check_fits_machine(recipe: Recipe, processes: int = 1, *, cpus: int | None = None, gpus: int | None = None,
-                       memory: int | None = None) -> None:
+def check_processes_divide(recipe: Recipe, world: int) -> None:
+    """Each of the launch's ``world`` processes samples an equal share of a step's prompts."""
+    if recipe.sampling.prompts_per_step % world:
+        raise RecipeError(f"sampling.prompts_per_step={recipe.sampling.prompts_per_step}: must divide among the "
+                          f"{world} processes of this launch (a multiple of {world})")
+
+
+def check_fits_machine(recipe: Recipe, processes: int = 1, *, world: int | None = None, cpus: int | None = None,
+                       gpus: int | None = None, memory: int | None = None) -> None:
     """Refuse, before a run starts here, what this machine cannot hold.
 
     processes: one per GPU, or one per CPU when there is no GPU -> at most max(gpus, cpus).
+    sampling.prompts_per_step: a multiple of the launch's processes (``world``, default
+    ``processes``; under ``accelerate launch`` the CLI passes WORLD_SIZE), checked here, before the
+    run directory is claimed, rather than in the trainer's set-up.
     train.threads: torch threads per CPU process -> at most the CPUs.
     Memory: the estimated footprint (check_fits_memory) -> at most the GPU's memory or the RAM.
     Raises RecipeError naming the field, the value and the limit.
@@ -128,6 +161,7 @@ def check_fits_machine(recipe: Recipe, processes: int = 1, *, cpus: int | None =
         raise RecipeError(f"--processes={processes}: at least 1")
     if processes > most:
         raise RecipeError(f"--processes={processes}: at most {most} on this machine ({cpus} CPUs, {gpus} GPUs)")
+    check_processes_divide(recipe, processes if world is None else world)
     if recipe.train.threads > cpus:
         raise RecipeError(f"train.threads={recipe.train.threads}: at most {cpus}, the CPUs of this machine")
     check_fits_memory(recipe, processes, gpus, memory=memory)

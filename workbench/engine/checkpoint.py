@@ -17,7 +17,9 @@ Layout of ``run_dir``::
 
 Atomic: a checkpoint is written into a hidden ``.tmp-step-N`` folder and renamed to ``step-N`` by
 rank 0 once every rank has written its RNG states (a barrier), so a crash leaves a complete
-checkpoint or none (a stale temp folder is removed by the next save). Only rank 0 writes model,
+checkpoint or none (a stale temp folder is removed by the next save). A checkpoint is removed
+(``keep_last``, a step saved again) by renaming it to a hidden ``.tmp-`` name first, so a crash
+mid-removal never leaves a ``step-N`` folder with part of its files. Only rank 0 writes model,
 tokenizer and optimiser files (data parallelism keeps them equal on every rank); each rank writes
 and reads back its own RNG states. ``keep_last`` newest checkpoints are kept.
 
@@ -213,16 +215,19 @@ def _read_manifest(path: Path) -> dict | None | str:
     return data if isinstance(data, dict) else f"{MANIFEST_FILE} is not an object"
 
 
-def choose_resume_checkpoint(run_dir: Path, steps: int, recipe_sha256: str | None = None) -> tuple[Path | None, list[str]]:
+def choose_resume_checkpoint(run_dir: Path, steps: int, recipe_sha256: str | None = None, *,
+                             require_manifest: bool = False) -> tuple[Path | None, list[str]]:
     """The newest checkpoint of ``run_dir`` that is intact and belongs to this run, and warnings
     about the newer ones that were skipped (read-only; the resume loads exactly this one).
 
     Intact: its ``manifest.json`` lists every file with the size and sha256 found now, the step of
     its name, its manifest and its ``trainer_state.json`` agree and lie in ``0..steps-1``, and the
-    manifest's recipe digest is the run's. A checkpoint *without* a manifest (written before
-    manifests existed) cannot be verified: it is skipped with a warning while a verified one exists
-    below it, and otherwise used (the run is older than manifests) with a warning, after the
-    checks that need no manifest (state step, the optimiser, scheduler and RNG files).
+    manifest's recipe digest is the run's. A checkpoint *without* a manifest cannot be verified:
+    with ``require_manifest`` (the run has ``run.json``: the version that started it writes
+    manifests, so a missing one means a save or a removal cut short) it is never used; otherwise
+    (a run older than manifests) it is skipped with a warning while a verified one exists below
+    it, and else used with a warning, after the checks that need no manifest (state step, the
+    optimiser, scheduler and RNG files).
     None: the run has no checkpoint (start at step 0). CheckpointError: checkpoints exist and none
     is usable (the message says why for each).
     """
@@ -234,7 +239,9 @@ def choose_resume_checkpoint(run_dir: Path, steps: int, recipe_sha256: str | Non
     for step, path in found:
         manifest = _read_manifest(path)
         why = manifest if isinstance(manifest, str) else _why_unusable(path, step, steps, recipe_sha256, manifest)
-        if why is None and manifest is None:
+        if why is None and manifest is None and require_manifest:
+            why = f"it has no {MANIFEST_FILE} (a save or a removal was cut short) and cannot be verified"
+        elif why is None and manifest is None:
             unverified.append((step, path))
             why = f"it has no {MANIFEST_FILE} (written by an older version) and cannot be verified"
         elif why is None:
@@ -305,7 +312,10 @@ def save_checkpoint(trainer, step: int) -> Path:
 
     ``manifest.json`` (sizes and checksums of every file) is written last, then the folder is
     renamed into place. A save that fails (a full disk) removes its temporary folder, so it does
-    not keep the disk full; the error goes on to end the run."""
+    not keep the disk full, and raises: the run ends failed. With several processes only the rank
+    that raised ends at once; the others wait at this function's next barrier until the launcher
+    ends them (``accelerate launch`` / torchrun stop every process when one exits with an error)
+    or the process group's timeout passes."""
     import torch
 
     acc = trainer.accelerator
@@ -326,9 +336,9 @@ def save_checkpoint(trainer, step: int) -> Path:
             ent = trainer.entropy_state  # adaptive entropy control (TRL: entropy_ctrl_state.json); inf -> null
             state["entropy_control"] = {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}
             (tmp / STATE_FILE).write_text(json.dumps(state))
-            write_manifest(tmp, step, getattr(trainer, "recipe_sha256", None))
+            write_manifest(tmp, step, trainer.recipe_sha256)
             if final.exists():  # the same step saved by an attempt that crashed before it counted
-                shutil.rmtree(final)
+                _remove_dir(final)
             os.replace(tmp, final)
             _prune(trainer.run_dir, trainer.recipe.checkpoint.keep_last)
     finally:
@@ -338,9 +348,19 @@ def save_checkpoint(trainer, step: int) -> Path:
     return final
 
 
+def _remove_dir(path: Path) -> None:
+    """Remove a checkpoint or final folder: renamed to a hidden ``.tmp-`` name first (one atomic
+    step), then deleted, so a crash mid-deletion leaves a temporary folder (removed by the next
+    save) and never a ``step-N`` with part of its files."""
+    doomed = path.with_name(f"{_TMP_PREFIX}removed-{path.name}")
+    shutil.rmtree(doomed, ignore_errors=True)  # left by a removal a crash cut short
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _prune(run_dir: Path, keep_last: int) -> None:
     for _, path in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_dir(path)
 
 
 def save_if_due(trainer, step: int) -> Path | None:
@@ -357,7 +377,7 @@ def _replace_dir(target: Path, write) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     if target.exists():
-        shutil.rmtree(target)
+        _remove_dir(target)
     os.replace(tmp, target)
 
 
@@ -468,11 +488,17 @@ def load_checkpoint(trainer, path: Path) -> int:
     return int(state["step"])
 
 
-def resume(trainer, path: Path | None, warnings: list[str] = ()) -> int:
-    """Load the checkpoint ``path`` chosen and verified before the run started
-    (:func:`choose_resume_checkpoint`; None: start at step 0) and record the resume with its
-    ``warnings`` (checkpoints skipped as damaged); returns the first step to train. Call after
-    ``setup`` and before the first step."""
+def resume(trainer, claim) -> int:
+    """Load the checkpoint the main process chose and verified when it claimed the run directory
+    (``claim.checkpoint``, :func:`choose_resume_checkpoint`; None: start at step 0) and record
+    the resume with its ``warnings`` (checkpoints skipped as damaged); returns the first step to
+    train. Only the main process verifies (sha256 of every file): with several processes its
+    choice is broadcast to the others. Call after ``setup`` and before the first step."""
+    path, warnings = claim.checkpoint, list(claim.warnings)
+    if trainer.world > 1:
+        from accelerate.utils import broadcast_object_list
+
+        path, warnings = broadcast_object_list([path, warnings], from_process=0)
     start = 0 if path is None else load_checkpoint(trainer, Path(path)) + 1
     trainer.events.emit("resume", start, checkpoint=None if path is None else str(path), warnings=list(warnings))
     return start

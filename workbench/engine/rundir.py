@@ -6,24 +6,32 @@ CLI use it before anything heavy is imported):
 - :func:`prepare` (the run service, before a launcher starts the trainer): a *new* directory, or
   an existing *empty* one, gets the run's ``recipe.yaml``. Anything else is refused and left as it
   was, so a launch can never overwrite another run or a user's folder.
-- :func:`claim_new` (``train RECIPE --run-dir D``): ``D`` must be new, empty, or *prepared* for
+- :func:`claim` (the one entry point of the CLI and the trainer) with ``resume=False``
+  (``train RECIPE --run-dir D``): ``D`` must be new, empty, or *prepared* for
   exactly this recipe (only a launcher's files in it, see ``LAUNCHER_FILES``, and a
   ``recipe.yaml`` equal to the recipe being started). The trainer then records ``run.json`` (the
   recipe it starts with and its digest); from then on ``D`` is a started run and only
   ``train --resume D`` continues it.
-- :func:`claim_resume` (``train --resume D``): the recipe.yaml must be the one recorded in
-  ``run.json`` (a resume runs the recipe it recorded: an edited file is refused, naming the first
-  field that differs), and the checkpoint to load is chosen here, verified against its manifest
+- :func:`claim` with ``resume=True`` (``train --resume D``): the recipe.yaml must be the one
+  recorded in ``run.json`` (a resume runs the recipe it recorded: an edited file is refused, naming
+  the first field that differs; both are compared as this version writes them, so a field a later
+  version added with a default does not count as an edit), and the checkpoint to load is chosen
+  here, verified against its manifest
   (:func:`workbench.engine.checkpoint.choose_resume_checkpoint`), before the directory changes.
+
+A claim that fails before the run's first event (the trainer's set-up raised) is undone with
+:meth:`Claim.abandon`: ``D`` is left as it was found, so a corrected rerun is not refused.
 
 One trainer per run directory: the claim takes an exclusive ``flock`` on ``D/.lock`` (the holder's
 pid written into it) and keeps it until the run ends; the kernel drops it when the process dies
 (kill -9 included), so a crashed run can be resumed at once. A second trainer on a held directory
-is refused before it writes anything. Only the main process (``RANK`` 0 or unset) claims; the
-other ranks of an ``accelerate launch`` share its claim.
+is refused before it writes anything. Only the main process (``RANK`` 0 or unset) claims and
+verifies checkpoints; the other ranks of an ``accelerate launch`` share its claim and receive its
+choice of checkpoint (``checkpoint.resume`` broadcasts it).
 
 Refusals raise :class:`RunDirError` (a ``ValueError``: the CLI prints one line ``error: ...`` and
-exits 2).
+exits 2), an OSError of the file system included (a path under /proc, a read-only mount, a file
+system without ``flock``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,21 +72,56 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+# flock(2) errors of a file system that has no locks (Lustre mounted noflock, some NFS set-ups)
+_NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+def _os_error(run_dir: Path, err: OSError) -> RunDirError:
+    """An OSError while claiming ``run_dir`` as one line (a path under /proc, a read-only mount)."""
+    return RunDirError(f"run directory {run_dir}: {err.strerror or err}")
+
+
 @dataclass
 class Claim:
-    """A run directory claimed by this process: ``checkpoint`` to resume from (None: step 0),
-    ``warnings`` to record in the run (e.g. a damaged checkpoint skipped). ``release`` ends it."""
+    """A run directory claimed by this process: ``resume`` (continue the recorded run) from
+    ``checkpoint`` (None: step 0), ``warnings`` to record in the run (e.g. a damaged checkpoint
+    skipped). ``release`` ends it; ``abandon`` undoes it (a set-up that failed before the first
+    event). ``chosen``: this process verified the checkpoint (the main one; the others receive
+    its choice). ``created_dir`` (the topmost folder the claim created, parents included) and the
+    ``created_lock`` / ``wrote_*`` flags say what the claim itself put there."""
 
     run_dir: Path
     recipe_sha256: str
+    resume: bool = False
     checkpoint: Path | None = None
     warnings: list[str] = field(default_factory=list)
     lock: IO | None = None
+    chosen: bool = False
+    created_dir: Path | None = None
+    created_lock: bool = False
+    wrote_recipe: bool = False
+    wrote_run: bool = False
 
     def release(self) -> None:
         if self.lock is not None:
             self.lock.close()  # closing the descriptor drops the flock
             self.lock = None
+
+    def abandon(self) -> None:
+        """Undo the claim: remove what it wrote (run.json, recipe.yaml, the lock file) and the
+        directory if it created it, then release the lock; ``run_dir`` is as it was found, so a
+        corrected rerun (or the resume it was) is not refused. Call only before the run's first
+        event; idempotent."""
+        if self.lock is None:
+            return
+        if self.created_dir is not None:
+            shutil.rmtree(self.created_dir, ignore_errors=True)  # nothing of anybody else's was in it
+        else:
+            for name, wrote in ((RUN_FILE, self.wrote_run), (RECIPE_FILE, self.wrote_recipe),
+                                (LOCK_FILE, self.created_lock)):
+                if wrote:
+                    (self.run_dir / name).unlink(missing_ok=True)
+        self.release()
 
 
 # -- reading (never writes) ----------------------------------------------------------------------
@@ -203,81 +247,154 @@ def prepare(run_dir: Path, recipe_yaml: str) -> Path:
     return run_dir
 
 
-def _lock(run_dir: Path) -> IO:
-    """An exclusive flock on ``run_dir/.lock`` held through the returned file (pid written in it)."""
-    f = open(run_dir / LOCK_FILE, "a+b")
+def _lock(run_dir: Path) -> tuple[IO, bool]:
+    """An exclusive flock on ``run_dir/.lock`` held through the returned file (pid written in it),
+    and whether this call created the lock file. OSErrors become one-line RunDirErrors."""
+    path = run_dir / LOCK_FILE
+    try:
+        created = not path.exists()
+        f = open(path, "a+b")
+    except OSError as err:
+        raise _os_error(run_dir, err) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        f.truncate(0)
+        f.write(str(os.getpid()).encode())
+        f.flush()
     except OSError as err:
         f.seek(0)
         holder = f.read().decode(errors="replace").strip()[:20] or "?"
         f.close()
+        if created:
+            path.unlink(missing_ok=True)
         if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
             raise RunDirError(f"run directory {run_dir} is in use by a live trainer (pid {holder}); one trainer "
                               "per run directory: wait for it to end or cancel it") from None
-        raise
-    f.truncate(0)
-    f.write(str(os.getpid()).encode())
-    f.flush()
-    return f
+        if err.errno in _NO_LOCKS:
+            raise RunDirError(f"run directory {run_dir} is on a file system without file locks (flock: "
+                              f"{err.strerror}); one trainer per run directory needs them: use a local disk or "
+                              "a mount with locks (Lustre: -o flock)") from None
+        raise _os_error(run_dir, err) from None
+    return f, created
 
 
-def claim_new(run_dir: Path, recipe_yaml: str, *, main: bool | None = None) -> Claim:
+def _topmost_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` (itself or a parent) that does not exist yet: what
+    ``mkdir(parents=True)`` would create first."""
+    top = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        top = folder
+    return top
+
+
+def _claim_new(run_dir: Path, recipe_yaml: str, main: bool) -> Claim:
     """Claim ``run_dir`` for a new run of ``recipe_yaml`` (canonical YAML): checked before anything
     is written, created if absent, locked, checked again under the lock (another trainer may have
     claimed it meanwhile), then ``recipe.yaml`` and ``run.json`` are recorded."""
-    run_dir, digest = Path(run_dir), recipe_digest(recipe_yaml)
-    if not (is_main_process() if main is None else main):
+    digest = recipe_digest(recipe_yaml)
+    if not main:
         return Claim(run_dir, digest)
     why = _why_not_new(run_dir, recipe_yaml)
     if why is not None:
         raise RunDirError(f"--run-dir {run_dir}: {why}; a new run is written only into a new or empty directory "
                           "(continue a run with `train --resume DIR`)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = _lock(run_dir)
+    created = _topmost_missing(run_dir)
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _os_error(run_dir, err) from None
+    claim = Claim(run_dir, digest, created_dir=created)
+    try:
+        claim.lock, claim.created_lock = _lock(run_dir)
         why = _why_not_new(run_dir, recipe_yaml, locked=True)
         if why is not None:
+            claim.created_dir = None  # another claim got there first: nothing here is ours but the lock file
             raise RunDirError(f"--run-dir {run_dir}: {why}; a new run is written only into a new or empty directory")
         if not (run_dir / RECIPE_FILE).is_file():
+            claim.wrote_recipe = True
             _write_atomically(run_dir / RECIPE_FILE, recipe_yaml)
+        claim.wrote_run = True
         _write_atomically(run_dir / RUN_FILE, json.dumps(
             {"recipe_sha256": digest, "recipe": recipe_yaml, "started_at": time.time(), "pid": os.getpid()}))
-    except BaseException:
-        lock.close()
+    except BaseException as err:
+        if claim.lock is not None:
+            claim.abandon()
+        elif created is not None:  # not locked: another trainer may be in it now; only empty folders go
+            for folder in (run_dir, *run_dir.parents):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+                if folder == created:
+                    break
+        if isinstance(err, OSError):
+            raise _os_error(run_dir, err) from None
         raise
-    return Claim(run_dir, digest, lock=lock)
+    return claim
+
+
+def _canonical(recipe_yaml: str) -> str:
+    """``recipe_yaml`` as this version writes it (``Recipe.to_yaml()``): a field added later with a
+    default appears with that default, so a recipe recorded by an older version compares equal."""
+    from workbench.recipe import Recipe, RecipeError
+
+    try:
+        return Recipe.from_yaml(recipe_yaml).to_yaml()
+    except (RecipeError, ValueError):
+        return recipe_yaml  # no longer a valid recipe: compared as written (it differs)
 
 
 def check_recorded_recipe(run_dir: Path, recipe_yaml: str) -> str:
-    """The run's recipe digest; refuses a ``recipe.yaml`` that differs from the one the run
-    started with. A run from before ``run.json`` existed has nothing recorded: its file is taken."""
+    """The digest of the run's recorded recipe (the one its checkpoints' manifests carry); refuses a
+    ``recipe.yaml`` that differs from the one the run started with. Both are compared as this
+    version writes them (a default added by a later version is no edit). A run from before
+    ``run.json`` existed has nothing recorded: its file is taken."""
     recorded = recorded_recipe(run_dir)
     digest = recipe_digest(recipe_yaml)
-    if recorded is not None and recorded["recipe_sha256"] != digest:
-        what = first_difference(str(recorded.get("recipe", "")), recipe_yaml)
-        raise RunDirError(f"{run_dir}/{RECIPE_FILE} was edited after the run started: {what}; a resume runs the "
-                          "recorded recipe (start a new run for a changed recipe)")
-    return digest
+    if recorded is None or recorded["recipe_sha256"] == digest:
+        return digest
+    then = _canonical(str(recorded.get("recipe", "")))
+    if then != recipe_yaml:
+        raise RunDirError(f"{run_dir}/{RECIPE_FILE} was edited after the run started: "
+                          f"{first_difference(then, recipe_yaml)}; a resume runs the recorded recipe "
+                          "(start a new run for a changed recipe)")
+    return recorded["recipe_sha256"]
 
 
-def claim_resume(run_dir: Path, recipe_yaml: str, steps: int, *, main: bool | None = None) -> Claim:
-    """Claim ``run_dir`` to continue its run: locked (main process), its recipe unchanged, and the
-    intact checkpoint to load chosen (see ``choose_resume_checkpoint``); nothing is written but
-    the lock file."""
+def _claim_resume(run_dir: Path, recipe_yaml: str, steps: int, main: bool) -> Claim:
+    """Claim ``run_dir`` to continue its run: locked, its recipe unchanged, and the intact
+    checkpoint to load chosen (see ``choose_resume_checkpoint``; with ``run.json`` every
+    checkpoint must have its manifest); nothing is written but the lock file. The other ranks
+    check nothing: the main process's choice reaches them (``checkpoint.resume``)."""
     from workbench.engine.checkpoint import CheckpointError, choose_resume_checkpoint
 
-    run_dir = Path(run_dir)
-    main = is_main_process() if main is None else main
-    lock = _lock(run_dir) if main else None
+    if not main:
+        return Claim(run_dir, recipe_digest(recipe_yaml), resume=True)
+    lock, created_lock = _lock(run_dir)
+    claim = Claim(run_dir, recipe_digest(recipe_yaml), resume=True, lock=lock, created_lock=created_lock,
+                  chosen=True)
     try:
-        digest = check_recorded_recipe(run_dir, recipe_yaml)
+        claim.recipe_sha256 = check_recorded_recipe(run_dir, recipe_yaml)
         try:
-            path, warnings = choose_resume_checkpoint(run_dir, steps, digest)
+            claim.checkpoint, claim.warnings = choose_resume_checkpoint(
+                run_dir, steps, claim.recipe_sha256, require_manifest=recorded_recipe(run_dir) is not None)
         except CheckpointError as err:
             raise RunDirError(str(err)) from None
+        except OSError as err:
+            raise _os_error(run_dir, err) from None
     except BaseException:
-        if lock is not None:
-            lock.close()
+        claim.abandon()
         raise
-    return Claim(run_dir, digest, checkpoint=path, warnings=warnings, lock=lock)
+    return claim
+
+
+def claim(run_dir: Path, recipe_yaml: str, steps: int, *, resume: bool, main: bool | None = None) -> Claim:
+    """Claim ``run_dir`` for a new run of ``recipe_yaml`` (canonical ``Recipe.to_yaml()``) or, with
+    ``resume``, to continue the run recorded there for ``steps`` steps: the one entry point of the
+    CLI and the trainer. ``main``: this is the launch's main process (default: ``RANK``)."""
+    main = is_main_process() if main is None else main
+    if resume:
+        return _claim_resume(Path(run_dir), recipe_yaml, steps, main)
+    return _claim_new(Path(run_dir), recipe_yaml, main)

@@ -73,6 +73,7 @@ from workbench.engine.distill import load_teacher
 from workbench.engine.models import (AdapterDisabledReference, adapters_swapped, load_policy, load_policy_state, policy_state,
                                      prepare_policy, resolve_model, trainable_parameters)
 from workbench.engine.tasks import load_dataset_rows, resolve_task
+from workbench.machine import check_processes_divide
 from workbench.recipe import Recipe
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -200,20 +201,28 @@ class Trainer:
 
     def __init__(self, recipe: Recipe, run_dir: Path, *, stdout_events: bool = False, progress: bool = False,
                  resume: bool = False, claim: rundir.Claim | None = None) -> None:
-        """``claim``: ``run_dir`` as claimed by the caller (the CLI claims it before the heavy imports);
-        None claims it here: new, empty or launcher-prepared for a new run, the recorded recipe and
-        an intact checkpoint for ``resume`` (workbench/engine/rundir.py). Refusals raise RunDirError
-        before anything is written."""
+        """``claim``: ``run_dir`` as claimed by the caller (the CLI claims it before the heavy imports;
+        its ``resume`` decides, ``resume`` here is ignored); None claims it here with ``resume``:
+        new, empty or launcher-prepared for a new run, the recorded recipe and an intact checkpoint
+        for a resume (workbench/engine/rundir.py). Refusals raise RunDirError before anything is
+        written; a set-up that fails after the claim abandons it (the directory as it was found)."""
         self.recipe = recipe
-        self.resume = resume  # continue from the claim's checkpoint (checkpoint.resume)
         self.run_dir = Path(run_dir)
         if claim is None:
-            text = recipe.to_yaml()
-            claim = (rundir.claim_resume(self.run_dir, text, recipe.train.steps) if resume
-                     else rundir.claim_new(self.run_dir, text))
+            claim = rundir.claim(self.run_dir, recipe.to_yaml(), recipe.train.steps, resume=resume)
         self.claim = claim
+        self.resume = claim.resume  # continue from the claim's checkpoint (checkpoint.resume)
         self.recipe_sha256 = claim.recipe_sha256  # into every checkpoint's manifest
+        try:
+            self._init(recipe, stdout_events)
+        except BaseException:
+            claim.abandon()  # no event written yet: a corrected rerun must find the directory as it was
+            raise
         self.progress = progress
+
+    def _init(self, recipe: Recipe, stdout_events: bool) -> None:
+        """The rest of the set-up before ``run``: the events file is opened last, so a failure
+        before it leaves nothing of this run in the directory."""
         self.tokens_seen = 0.0  # completion tokens (perf/tokens)
         self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=recipe.train.staleness + 1)
@@ -233,14 +242,11 @@ class Trainer:
             project_dir=str(self.run_dir),
         )
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
-        if recipe.sampling.prompts_per_step % self.world:
-            raise ValueError(
-                f"sampling.prompts_per_step={recipe.sampling.prompts_per_step} must divide among {self.world} processes"
-            )
-        if resume and self.accelerator.is_main_process:
+        check_processes_divide(recipe, self.world)  # the CLI checked it before the claim; direct use here
+        if self.resume and self.accelerator.is_main_process:
             checkpoint.drop_torn_tail(self.run_dir / EVENTS_FILE)  # a kill -9 mid-line: append on a line of its own
-        self.events = EventWriter(self.run_dir, enabled=self.accelerator.is_main_process, mirror=stdout_mirror(stdout_events))
         self.lens = SameBatchLens(self)
+        self.events = EventWriter(self.run_dir, enabled=self.accelerator.is_main_process, mirror=stdout_mirror(stdout_events))
 
     # -- set-up -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -802,7 +808,7 @@ class Trainer:
             try:
                 self.events.emit("status", 0, status="starting", world_size=self.world, recipe=r.name)
                 self.setup()
-                start = checkpoint.resume(self, self.claim.checkpoint, self.claim.warnings) if self.resume else 0
+                start = checkpoint.resume(self, self.claim) if self.resume else 0
                 self.events.emit("status", 0, status="running")
                 bar = tqdm(total=r.train.steps, desc="train", unit="step", disable=not (self.progress and self.accelerator.is_main_process))
                 for step in range(start, r.train.steps):

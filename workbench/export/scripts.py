@@ -167,7 +167,7 @@ def _inline_recipe(recipe: Recipe, target: str) -> str:
     return (f"RECIPE_TEXT=$(cat <<'{delim}'\n{text}{delim}\n)\n"
             f"if [ -e {target} ]; then\n"
             f"    [ \"$(cat -- {target})\" = \"$RECIPE_TEXT\" ] || {{ {refuse.format('holds another recipe.yaml')}; }}\n"
-            f"elif [ -n \"$(ls -A -- \"$RUN_DIR\" 2>/dev/null | grep -vx {others})\" ]; then\n"
+            f"elif [ -n \"$(ls -A -- \"$RUN_DIR\" 2>/dev/null | grep -vxF {others})\" ]; then\n"
             f"    {refuse.format('is not empty')}\n"
             f"else\n"
             f"    mkdir -p -- \"$RUN_DIR\"\n"
