@@ -49,6 +49,16 @@ def test_the_run_layer_reports_bad_input_without_the_top_level_cli():
     assert out.stderr == "error: runs show needs a run ID: give one\n"
 
 
+def test_an_error_without_text_is_still_one_line():
+    """`one_line("")` raised ValueError (nothing to unpack), so an exception raised with no message
+    crashed main's error handler itself with a traceback."""
+    out = _python("from workbench.console import one_line, report\n"
+                  "print(one_line(ValueError()), one_line(KeyboardInterrupt('  \\n ')), report(''), report('\\n'))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ValueError", "KeyboardInterrupt", "2", "2"]
+    assert out.stderr == "error: (no message)\n" * 2
+
+
 def test_the_final_window_default_is_one_name():
     from workbench.analysis import DEFAULT_WINDOW_FRAC, final_window_scores, final_window_values
     from workbench.cli import build_parser

@@ -10,14 +10,20 @@ from __future__ import annotations
 import sys
 
 EXIT_BAD_INPUT = 2
+NO_MESSAGE = "(no message)"  # what `error: ...` says for an error raised without text
 
 
-def one_line(message: str) -> str:
-    """A (possibly multi-line) error message as one line: 'head:\\n  a\\n  b' -> 'head: a; b'."""
-    head, *rest = [part.strip() for part in str(message).strip().splitlines() if part.strip()]
+def one_line(message: str | BaseException) -> str:
+    """A (possibly multi-line) error message as one line: 'head:\\n  a\\n  b' -> 'head: a; b'.
+    A message with no text (``ValueError()``, ``""``) is named rather than left empty, which
+    would crash the error handler itself: the exception's class name, or ``NO_MESSAGE``."""
+    parts = [part.strip() for part in str(message).splitlines() if part.strip()]
+    if not parts:
+        return type(message).__name__ if isinstance(message, BaseException) else NO_MESSAGE
+    head, *rest = parts
     return f"{head} {'; '.join(rest)}" if rest else head
 
 
-def report(message: str) -> int:
+def report(message: str | BaseException) -> int:
     print(f"error: {one_line(message)}", file=sys.stderr)
     return EXIT_BAD_INPUT

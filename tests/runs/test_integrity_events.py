@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.runs.test_local import _steps_in_events, _wait_for
-from workbench.engine.events import EVENTS_FILE, read_events
+from tests.test_cli import REPO
+from workbench.engine.events import EVENTS_FILE, EventWriter, read_events
 from workbench.recipe import load_recipe
-from workbench.runs import RunStore, launch, sync, wait
-from workbench.runs.launchers.base import UnreadableLine, parse_events, read_file_events
+from workbench.runs import RunStore, Settings, launch, sync, wait
+from workbench.runs.launchers import LAUNCHERS
+from workbench.runs.launchers.base import UnreadableLine, log_cause, parse_events, read_file_events
 from workbench.runs.launchers.local import _start_time
 
 STEPS = 12
@@ -52,9 +56,11 @@ def test_events_file_replaced_or_truncated_mid_run_loses_no_step(fresh_home, fau
     os.killpg(pgid, signal.SIGSTOP)
     try:
         sync(store)
+        written = _steps_in_events(run["run_dir"])[-1]
         fault(path)
     finally:
         os.killpg(pgid, signal.SIGCONT)
+    assert written < STEPS - 1, written  # steps were left to write after the fault: the writer had to follow it
     assert wait(run_id, store=store, timeout_s=300) == "finished"
     run = store.get_run(run_id)
     assert store.metrics([run_id]).step.tolist() == list(range(STEPS))  # every step, once
@@ -80,6 +86,56 @@ def test_reader_detects_a_new_inode_even_when_the_bytes_agree(tmp_path):
     assert "new inode" in again.warning
     same = read_file_events(path, again.offset, again.inode)
     assert same.events == [] and same.warning is None
+
+
+def test_the_writer_follows_a_file_moved_over_its_path(tmp_path):
+    """EventWriter itself: after `cp` + `mv` over events.jsonl, the next event goes to the file the
+    path names now, not to the unlinked inode it had open."""
+    writer = EventWriter(tmp_path)
+    writer.emit("metrics", 0, metrics={"reward": 0.1})
+    _replace_by_copy(writer.path)
+    writer.emit("metrics", 1, metrics={"reward": 0.2})
+    writer.close()
+    assert [e["step"] for e in read_events(tmp_path)] == [0, 1]
+
+
+@pytest.mark.parametrize("scheme", ["local", "slurm"])
+def test_every_launcher_reading_a_local_run_dir_notices_a_replaced_file(tmp_path, scheme):
+    """The slurm launcher read the shared run dir without the stored inode: a `cp` + `mv` of
+    events.jsonl whose bytes agree at the offset went unnoticed there (one shared reader now)."""
+    path = tmp_path / EVENTS_FILE
+    path.write_bytes(_metrics_line(0) + _metrics_line(1))
+    launcher = LAUNCHERS.get(scheme)(scheme, Settings())
+    run = {"id": "r", "run_dir": str(tmp_path), "events_offset": 0, "events_inode": None}
+    first = launcher.read_events(run)
+    run.update(events_offset=first.offset, events_inode=first.inode)
+    _replace_by_copy(path)
+    again = launcher.read_events(run)
+    assert again.warning and "new inode" in again.warning, again
+    assert [e["step"] for e in again.events] == [0, 1] and again.inode != first.inode
+
+
+FRAME = '  File "/x/workbench/engine/trainer.py", line 10, in train\n    step()\n'
+
+
+@pytest.mark.parametrize("log, cause", [
+    # a handled, logged exception, then the fatal one of a class with any name
+    (f"Traceback (most recent call last):\n{FRAME}ValueError: retrying\nstep 3\n"
+     f"Traceback (most recent call last):\n{FRAME}mylib.Boom: the disk went away\n", "mylib.Boom: the disk went away"),
+    # a handled, logged exception, then a kill that cut the fatal traceback short: nothing to go on
+    (f"Traceback (most recent call last):\n{FRAME}ValueError: retrying\nstep 3\nTraceback (most recent call last):\n{FRAME}",
+     ""),
+    # an exception-shaped line printed after the traceback is not its final line
+    (f"Traceback (most recent call last):\n{FRAME}OSError: [Errno 28] No space left on device\n"
+     "RuntimeError: ignored by the logger\n", "OSError: [Errno 28] No space left on device"),
+    # accelerate's re-raise of its worker's exit: the worker's traceback says why
+    (None, "OSError: [Errno 28] No space left on device"),
+    ("step 0\nValueError: printed, no traceback\n", ""),
+])
+def test_the_cause_is_the_last_tracebacks_final_line(tmp_path, log, cause):
+    path = tmp_path / "stdout.log"
+    path.write_text(ENOSPC_LOG if log is None else log)
+    assert log_cause(path) == cause
 
 
 def test_a_torn_line_with_an_event_appended_gives_the_event():
@@ -129,3 +185,47 @@ def test_a_run_that_died_on_a_full_disk_ends_failed_with_the_cause(fresh_home):
     assert run["error"].endswith("OSError: [Errno 28] No space left on device"), run["error"]
     silent_run = store.get_run(silent)
     assert silent_run["status"] == "lost" and "without a final status event" in silent_run["error"]
+
+
+def _full_disk() -> None:
+    """preexec_fn: every write that grows a file fails (EFBIG, SIGXFSZ ignored), as on a full disk;
+    SQLite then cannot create the WAL index (``-shm``) a reader needs."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def _two_runs(store: RunStore) -> list[str]:
+    for run_id in ("r1", "r2"):
+        store.create_run(run_id=run_id, name="grpo", algorithm="grpo", recipe_yaml="name: grpo\n", total_steps=3,
+                         target="local", launcher="local", host="localhost", created_by="t", run_dir=f"/x/{run_id}")
+        store.set_status(run_id, "finished")
+    return ["r1", "r2"]
+
+
+def test_runs_list_reads_the_store_on_a_full_disk(fresh_home):
+    """Every read opened a connection with `PRAGMA synchronous`, which opens the WAL index first:
+    on a full disk that failed before the immutable fallback could run, and `runs list` ended
+    `error: ... disk I/O error`, exit 2. Now it lists the runs with one warning line."""
+    ids = _two_runs(RunStore())
+    out = subprocess.run([sys.executable, "-m", "workbench", "runs", "list"], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "WORKBENCH_HOME": str(fresh_home), "PYTHONPATH": str(REPO)},
+                         timeout=120, preexec_fn=_full_disk)
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()[1:]] == ids[::-1]
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: run store ") and "immutable" in lines[0], out.stderr
+
+
+def test_a_full_disk_read_is_warned_once_per_store(tmp_path):
+    """The app's collector reads four times a second: the fallback is logged once per RunStore,
+    not on every read."""
+    _two_runs(RunStore(tmp_path / "runs.db"))
+    code = ("import logging, resource, signal, sys\nfrom workbench.runs import RunStore\n"
+            "seen = []\nhandler = logging.Handler()\nhandler.emit = lambda record: seen.append(record.getMessage())\n"
+            "logging.getLogger('workbench.runs.store').addHandler(handler)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+            "a = RunStore(sys.argv[1])\nrows = [len(a.runs()) for _ in range(10)]\nb = RunStore(sys.argv[1])\nb.runs()\n"
+            "print(len(seen), rows == [2] * 10, a.immutable_cause is not None)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs.db")], cwd=REPO, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.stdout.split() == ["2", "True", "True"], out.stderr

@@ -35,7 +35,7 @@ def test_the_store_refuses_a_second_run_with_the_same_group_arm_and_seed(tmp_pat
         db.execute("UPDATE runs SET seed = 0 WHERE id = 'a1'")
 
 
-def test_the_check_sees_the_group_inside_the_same_transaction(tmp_path):
+def test_the_check_is_given_the_groups_arms_with_their_seeds(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     store.create_runs([_row("a0", 0)])
     seen = []
@@ -85,6 +85,10 @@ def test_an_older_file_with_duplicate_seeds_stays_usable_and_the_verdict_refuses
     _store_with_duplicates(path)
     store = RunStore(path)  # the index cannot be made: the file opens anyway
     assert [d["ids"] for d in store.duplicate_seeds()] == [["grpo-s0", "grpo-copy"]]
+    listed = cli(tmp_path, "runs", "list")  # named before `compare` refuses the group
+    assert listed.returncode == 0 and "grpo-copy" in listed.stdout, listed.stderr
+    warning = [line for line in listed.stderr.splitlines() if "seed" in line]
+    assert len(warning) == 1 and warning[0].startswith("warning: 1 seed(s)") and "group 'g' arm 'grpo' seed 0: grpo-s0, grpo-copy" in warning[0], listed.stderr
     assert len(store.arms("g")["grpo"]) == 4
     frame = store.arm_metrics([r["id"] for runs in store.arms("g").values() for r in runs])
     with pytest.raises(DuplicateSeedError, match=r"arm 'grpo' seed 0: runs grpo-s0, grpo-copy"):
@@ -96,6 +100,7 @@ def test_an_older_file_with_duplicate_seeds_stays_usable_and_the_verdict_refuses
 
     store.delete("grpo-copy")
     RunStore(path)  # gone: the next open makes the index
+    assert "seed" not in cli(tmp_path, "runs", "list").stderr
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT name FROM sqlite_master WHERE name = ?", (UNIQUE_SEED_INDEX,)).fetchone()
     assert cli(tmp_path, "compare", "g", "--window", "0.2").stdout.splitlines()[2].split()[:2] == ["grpo", "3"]

@@ -80,7 +80,8 @@ class DuplicateSeedError(ValueError):
 
 
 def check_independent_seeds(df: pd.DataFrame) -> None:
-    """DuplicateSeedError when two runs (``run_id``) of one ``arm`` have the same ``seed``.
+    """DuplicateSeedError when two runs (``run_id``) of one ``arm`` have the same ``seed``: the
+    whole frame is refused (no verdict for any arm of it), not only the arm holding the copies.
 
     Each seed is one independent replicate; a second run with the same seed repeats the first
     (same data order, same sampling), so counting both would report n = 6 for three seeds and an
@@ -151,7 +152,8 @@ def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = DEFA
         score = (1/k) sum_{the last k steps t} metric_t
 
     A live run's window is its latest k steps. Runs that have not logged the metric yet are left out.
-    Two runs of one arm with the same seed are refused (``check_independent_seeds``).
+    A frame where two runs of one arm have the same seed is refused whole, no arm scored
+    (``check_independent_seeds``).
 
     Returns one row per scored run, arms in order of first appearance, seeds ascending within an
     arm: ``run_id``, ``arm``, ``seed``, ``score``, ``window_steps`` (k), ``first_step`` and

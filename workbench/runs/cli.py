@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -57,23 +58,41 @@ def _progress_printer():
     return show
 
 
+def _open_store():
+    """The run store, with its warnings (a read that fell back to an immutable file on a full
+    disk) printed as ``warning: ...`` lines on stderr."""
+    from workbench.runs import RunStore
+    from workbench.runs.store import log
+
+    if not any(isinstance(h, _WarningLines) for h in log.handlers):
+        log.addHandler(_WarningLines(logging.WARNING))
+    return RunStore()
+
+
+class _WarningLines(logging.Handler):
+    """A log record as one ``warning: ...`` line on the stderr of the moment (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"warning: {record.getMessage()}", file=sys.stderr)
+
+
 def _sync_before_reading(store) -> None:
     """Collect new events before showing the store. A store that cannot be written now (disk
     full, read-only) must not hide what it already holds: one warning line, then the reading goes
-    on (a command that changes a run still fails on its own write)."""
+    on (a command that changes a run still fails on its own write). Where the store has already
+    said it reads the file as it is on disk (``immutable_cause``), that was the line."""
     from workbench.runs import sync
     from workbench.runs.store import StoreError
 
     try:
         sync(store)
     except StoreError as err:
-        print(f"warning: new events not collected: {err}", file=sys.stderr)
+        if store.immutable_cause is None:
+            print(f"warning: new events not collected: {err}", file=sys.stderr)
 
 
 def _cmd_runs(args) -> int:
-    from workbench.runs import RunStore
-
-    store = RunStore()
+    store = _open_store()
     _sync_before_reading(store)
     if args.action == "list":
         return _list_runs(store, args)
@@ -85,6 +104,7 @@ def _cmd_runs(args) -> int:
 
 
 def _list_runs(store, args) -> int:
+    _warn_duplicate_seeds(store)
     frame = store.list_runs(status=args.status, group=args.group)
     if frame.empty:
         print("no runs")
@@ -94,6 +114,20 @@ def _list_runs(store, args) -> int:
     cols = ["id", "arm", "seed", "algorithm", "status", "progress", "reward", "target", "group", "created_by", "created_at"]
     print(frame[cols].to_string(index=False))
     return 0
+
+
+def _warn_duplicate_seeds(store) -> None:
+    """One warning line naming the runs that share a group, arm and seed (only an older store
+    file can hold them: ``RunStore.duplicate_seeds``), so they are found before ``compare``
+    refuses the group."""
+    found = store.duplicate_seeds()
+    if found:
+        named = "; ".join(f"group {d['group']!r} arm {d['arm']!r} seed {d['seed']}: {', '.join(d['ids'])}"
+                          for d in found[:5])
+        print(f"warning: {len(found)} seed(s) appear in more than one run of an arm ({named}"
+              f"{'; ...' if len(found) > 5 else ''}): copies, not replicates, so `compare` gives no verdict for "
+              "their group; delete all but one run of each seed (`python -m workbench runs delete ID`)",
+              file=sys.stderr)
 
 
 def _group_arms(store, group: str | None) -> dict:
@@ -124,9 +158,9 @@ def _cmd_compare(args) -> int:
     """The verdict table of a group: per arm mean / IQM / 95 % CI over seeds of the final-window
     score, per pair the difference with its CI, P(A > B), the verdict and the seeds needed."""
     from workbench.analysis import arm_summary, default_metric, final_window_scores, pairwise
-    from workbench.runs import RunError, RunStore
+    from workbench.runs import RunError
 
-    store = RunStore()
+    store = _open_store()
     _sync_before_reading(store)
     arms = _group_arms(store, args.group)
     frame = store.arm_metrics([r["id"] for runs in arms.values() for r in runs])
@@ -209,10 +243,10 @@ def _cmd_collect(args) -> int:
     """Sync every ``--interval`` s. A pass that cannot write the store (disk full, read-only) is
     reported on stderr and retried next pass: nothing is lost, the event files keep the lines
     and the offsets did not move. ``--once`` reports it as the error it is (exit 2)."""
-    from workbench.runs import RunStore, sync
+    from workbench.runs import sync
     from workbench.runs.store import StoreError
 
-    store = RunStore()
+    store = _open_store()
     while True:
         try:
             n = sync(store)

@@ -24,7 +24,8 @@ Seeds are unique per arm: a partial UNIQUE index on (grp, arm, seed) and ``creat
 checks the group and inserts every run of a launch in one write transaction, so two launches at
 once can never claim the same seed. A file made before the index that already holds such
 duplicates stays usable: the index is left out (``RunStore.duplicate_seeds`` names the pairs,
-the verdict refuses them) and created on the first open after they are gone.
+and ``runs list`` warns of them; ``compare`` gives no verdict for their group at all) and created
+on the first open after they are gone.
 
 Every call opens its own short-lived connection: Streamlit serves each browser session from its
 own thread, and several collectors (app, CLI) may write at once; WAL lets readers run beside one
@@ -148,6 +149,8 @@ class RunStore:
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else workbench_home() / STORE_FILE
+        self.immutable_cause: str | None = None
+        """Why a read of this instance fell back to an immutable connection (None: none has)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -158,15 +161,18 @@ class RunStore:
             duplicates = not indexed and version >= SCHEMA_VERSION and bool(db.execute(_DUPLICATE_SEEDS_SQL).fetchone())
             self._columns = _columns(db)
         if version < SCHEMA_VERSION or not (indexed or duplicates):
-            with self._connect() as db:
+            with self._connect(write=True) as db:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.executescript(_SCHEMA)
                 self._columns = _migrate(db)
 
     # -- connections ---------------------------------------------------------------------------
     @contextmanager
-    def _connect(self, uri_query: str = "") -> Iterator[sqlite3.Connection]:
-        """A connection; a failure of the file itself (not of a query's logic) becomes StoreError."""
+    def _connect(self, uri_query: str = "", *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection; a failure of the file itself (not of a query's logic) becomes StoreError.
+        ``write``: one that will write, with ``synchronous=NORMAL`` (WAL + NORMAL: durable across
+        app crashes). A reader sets nothing that touches the file: that pragma loads the schema,
+        which opens the WAL index, and on a full disk that fails before ``_read`` can fall back."""
         try:
             if uri_query:
                 db = sqlite3.connect(f"{self.path.absolute().as_uri()}?{uri_query}", uri=True, timeout=30,
@@ -178,7 +184,8 @@ class RunStore:
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA busy_timeout=30000")
-            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+            if write:
+                db.execute("PRAGMA synchronous=NORMAL")
             yield db
         except sqlite3.OperationalError as err:  # read-only, locked past the timeout, disk I/O, disk full
             raise _store_error(self.path, err) from err
@@ -195,33 +202,37 @@ class RunStore:
         creates (32 KiB) when no other connection has it open: on a full disk that fails with a
         disk I/O error. Then, if the ``-wal`` file is absent or empty (every commit is in the main
         file: the last connection checkpointed it), the file is read ``immutable`` (no lock, no
-        shared memory); with WAL content the error stands (an immutable read would miss it)."""
-        fallback = False
+        shared memory); with WAL content the error stands (an immutable read would miss it).
+        The fallback is logged once per instance (``immutable_cause``): the app's collector reads
+        four times a second."""
+        cause = None
         with self._connect() as db:
             try:
                 db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the WAL index
             except sqlite3.OperationalError as err:
                 if not (_disk_full_error(err) and _wal_is_empty(self.path)):
                     raise
-                fallback = True
+                cause = str(err) or type(err).__name__
             else:
                 yield db
-        if fallback:
-            log.warning("run store %s: cannot open its WAL index (%s); reading the file immutable", self.path,
-                        "disk full?")
+        if cause is not None:
+            if self.immutable_cause is None:
+                self.immutable_cause = cause
+                log.warning("run store %s cannot open its WAL index (%s; disk full?): reading the file as it is on "
+                            "disk (immutable); nothing new is recorded until it can be written", self.path, cause)
             with self._connect("immutable=1") as db:
                 yield db
 
     def check_writable(self) -> None:
         """StoreError now if the file cannot be written (a no-op UPDATE still needs write access),
         so a command fails before it changes anything rather than half-way."""
-        with self._connect() as db:
+        with self._connect(write=True) as db:
             db.execute("UPDATE runs SET id = id WHERE 0")
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE takes the write lock up front: no upgrade deadlock)."""
-        with self._connect() as db:
+        with self._connect(write=True) as db:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -280,7 +291,8 @@ class RunStore:
 
     def duplicate_seeds(self) -> list[dict[str, Any]]:
         """(group, arm, seed, run ids) wherever runs of one arm share a seed: only in a file made
-        before seeds were unique (see ``_migrate``); such an arm cannot be compared honestly."""
+        before seeds were unique (see ``_migrate``); ``compare`` gives their group no verdict, and
+        ``runs list`` names them in a warning line."""
         with self._read() as db:
             return [{"group": r["grp"], "arm": r["arm"], "seed": r["seed"], "ids": r["ids"].split()}
                     for r in db.execute(_DUPLICATE_SEEDS_SQL)]
@@ -503,7 +515,7 @@ def _migrate(db: sqlite3.Connection) -> set[str]:
     index; returns the runs table's columns. Runs made before arms existed get their name as arm
     and their recipe's seed. Where the file already holds two runs with the same group, arm and
     seed (launched at once before the index existed), the index cannot be made: the file stays
-    usable, the pairs are logged (``RunStore.duplicate_seeds``) and the verdict refuses them."""
+    usable, the pairs are logged (``RunStore.duplicate_seeds``) and their group gets no verdict."""
     columns = _columns(db)
     for name, spec in _ADDED_COLUMNS.items():
         if name not in columns:
@@ -521,7 +533,8 @@ def _migrate(db: sqlite3.Connection) -> set[str]:
     except sqlite3.IntegrityError:
         pairs = [f"{r['grp']}/{r['arm']}/seed {r['seed']}: {r['ids']}" for r in db.execute(_DUPLICATE_SEEDS_SQL)]
         log.warning("run store: runs share a group, arm and seed, so seeds are not unique per arm there "
-                    "(the verdict refuses those arms until one of each is deleted): %s", "; ".join(pairs[:10]))
+                    "(`compare` gives no verdict for such a group until all but one run of each seed are deleted): %s",
+                    "; ".join(pairs[:10]))
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return columns
 

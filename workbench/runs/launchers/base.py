@@ -31,7 +31,8 @@ STDOUT_FILE = "stdout.log"
 EXIT_CODE_FILE = "exit_code"
 
 __all__ = ["EVENTS_FILE", "EXIT_CODE_FILE", "STDOUT_FILE", "ConfigError", "EventChunk", "LAUNCHERS", "LaunchError",
-           "Launcher", "UnreadableLine", "file_identity", "log_cause", "parse_events", "read_file_events", "status_from_exit_code",
+           "Launcher", "UnreadableLine", "file_identity", "log_cause", "parse_events", "read_file_events", "read_run_dir_events",
+           "status_from_exit_code",
            "target_scheme"]
 
 
@@ -215,6 +216,14 @@ def read_file_events(path: Path, offset: int, inode: str | None = None) -> Event
     return chunk
 
 
+def read_run_dir_events(run: dict) -> EventChunk:
+    """``read_file_events`` of the run's own ``EVENTS_FILE`` in its local ``run_dir`` (this machine,
+    or a cluster's shared filesystem), from the stored offset and file identity (so a replaced
+    file is noticed): the one reading of every launcher whose run directory is local."""
+    return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0),
+                            run.get("events_inode"))
+
+
 def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple[str | None, str | None]:
     """``(status, error)`` of a trainer that ended with exit ``code`` without a final status event.
 
@@ -236,24 +245,44 @@ def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple
 # The last line of a Python traceback: ``OSError: [Errno 28] No space left on device``,
 # ``torch.OutOfMemoryError: ...``, ``KeyboardInterrupt`` (an exception's dotted name at column 0).
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure)(?::\s.*)?$")
+_ANY_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::\s.*)?$")  # an exception class of any name
 _WRAPPER_EXCEPTIONS = ("subprocess.CalledProcessError",)  # accelerate's launcher re-raising a worker's exit
+_TRACEBACK_START = "Traceback (most recent call last)"
 
 
 def log_cause(path: Path, max_bytes: int = 65536) -> str:
-    """Why a process died, from its log: the last traceback's final line in the last ``max_bytes``
-    (at most 500 characters), skipping a launcher's re-raise of its worker's exit; "" when the
-    log shows no traceback (nothing to go on: the caller keeps ``lost``)."""
+    """Why a process died, from its log: the final line of the last traceback in the last
+    ``max_bytes`` (at most 500 characters); "" when the log shows no traceback, or the last one
+    has no final line (cut short by a kill): nothing to go on, the caller keeps ``lost``.
+
+    Only the last traceback counts: an exception handled and logged earlier, or an
+    exception-shaped line printed elsewhere, is not why the process died. The one exception is a
+    launcher's re-raise of its worker's exit (``_WRAPPER_EXCEPTIONS``): then the traceback
+    before it, the worker's, says why."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
+            lines = [line.rstrip() for line in f.read().decode(errors="replace").splitlines()]
     except OSError:
         return ""
-    if not any(line.startswith("Traceback (most recent call last)") for line in lines):
-        return ""
-    causes = [line.rstrip() for line in lines if _EXCEPTION_LINE.match(line.rstrip())
-              and not line.startswith(_WRAPPER_EXCEPTIONS)]
-    return causes[-1][:500] if causes else ""
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK_START)]
+    for start, end in reversed(list(zip(starts, [*starts[1:], len(lines)]))):
+        cause = _final_line(lines[start + 1:end])
+        if not cause.startswith(_WRAPPER_EXCEPTIONS):
+            return cause[:500]
+    return ""
+
+
+def _final_line(block: list[str]) -> str:
+    """The exception line of one traceback (the lines after its ``Traceback`` header; frames are
+    indented): the first line shaped like a usual exception (``_EXCEPTION_LINE``), else the first
+    shaped like any class name with its message (``mylib.Boom: ...``); "" when there is none
+    (the traceback was cut short)."""
+    for shape in (_EXCEPTION_LINE, _ANY_EXCEPTION_LINE):
+        for line in block:
+            if shape.match(line):
+                return line
+    return ""
 
 
 def _last_line(path: Path, max_bytes: int = 4096) -> str:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from workbench.export.commands import shell_join, train_command
-from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError,
-                                           Launcher, log_cause, read_file_events, status_from_exit_code)
+from workbench.runs.launchers.base import (EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError, Launcher,
+                                           log_cause, read_run_dir_events, status_from_exit_code)
 
 # `setsid` gives the run its own process group (cancel signals the whole group: accelerate's
 # launcher and every rank); `&` + `echo $!` returns at once, so init adopts the wrapper.
@@ -165,8 +165,7 @@ class LocalLauncher(Launcher):
             _signal_group(pgid, signal.SIGKILL)  # the wrapper itself is stuck: no exit code then
 
     def read_events(self, run: dict) -> EventChunk:
-        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0),
-                                run.get("events_inode"))
+        return read_run_dir_events(run)
 
     def exit_status(self, run: dict) -> tuple[str | None, str | None]:
         """After the process is gone: (status, error) from the wrapper's exit code, if it wrote one.

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from workbench.export.scripts import ExportError, SlurmOptions, sbatch_script
 from workbench.recipe import Recipe, RecipeError
-from workbench.runs.launchers.base import (EVENTS_FILE, LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError, Launcher,
-                                           read_file_events, status_from_exit_code)
+from workbench.runs.launchers.base import (LAUNCHERS, STDOUT_FILE, EventChunk, LaunchError, Launcher,
+                                           read_run_dir_events, status_from_exit_code)
 
 SCRIPT_FILE = "job.sbatch"
 COMMAND_TIMEOUT_S = 30
@@ -225,4 +225,4 @@ class SlurmLauncher(Launcher):
                               f"{out.stderr.strip() or out.stdout.strip()}")
 
     def read_events(self, run: dict) -> EventChunk:
-        return read_file_events(Path(run["run_dir"]) / EVENTS_FILE, int(run.get("events_offset") or 0))
+        return read_run_dir_events(run)
