@@ -78,7 +78,7 @@ def test_a_reference_listed_in_settings_passes_and_the_cli_keeps_python_imports(
     assert errors == {} and recipe.reward_funcs == [GOOD]
     check_launch_inputs([recipe], reward_funcs_allowed=allowed_reward_refs())  # resolved: imported
     assert modules["goodmod"].exists()
-    check_launch_inputs([_recipe(EVIL)])  # the CLI (no list): a user's own module, as Python imports it
+    check_launch_inputs([_recipe(EVIL)], trust_local_imports=True)  # the CLI's opt-out: Python's import rules
     assert modules["evilmod"].exists()
 
 

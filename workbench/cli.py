@@ -25,6 +25,7 @@ from workbench.console import report
 from workbench.home import workbench_home
 from workbench.machine import check_fits_machine
 from workbench.recipe import load_recipe, preset_names, preset_path
+from workbench.runs.names import slug
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
@@ -50,7 +51,7 @@ def _cmd_train(args) -> int:
         raise ValueError("train needs a RECIPE (preset name or YAML path), or --resume RUN_DIR")
     else:
         recipe = load_recipe(args.recipe, args.set)
-        run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(args.run_dir) if args.run_dir else workbench_home() / "runs" / f"{slug(recipe.name)}-{time.strftime('%Y%m%d-%H%M%S')}"
     # threads vs this machine's CPUs, prompts_per_step vs the launch's processes: before any output is written
     check_fits_machine(recipe, world=_launch_world())
     from workbench.engine.distill import check_teacher  # tokenizers only: a teacher must share the student's

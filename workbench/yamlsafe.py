@@ -15,11 +15,18 @@ field. Here, while the document is composed (before anything is built):
 - the text itself is refused above a size limit before it is parsed (files: by their size on
   disk, before they are read).
 
+Plain scalars resolve to str, decimal int, float, bool (true/false) and null only: PyYAML's YAML 1.1
+resolvers read ``1:20`` as 80 (sexagesimal), ``0b101`` as 5, ``010`` as 8 and ``2024-01-01`` as
+a date, so ``--set train.seed=1:20`` silently trained seed 80. Here those stay strings (and the
+field's own check refuses them). Explicit tags other than the standard ones for those types
+(``!!binary``, ``!!set``, ``!!timestamp``, ``!!python/...``, ``!custom``) are refused.
+
 Torch-free and Streamlit-free: the CLI, the app and the run layer all call it.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +74,69 @@ def _small(value: Any, budget: int = 10_000) -> bool:
     return True
 
 
-class _LimitedLoader(yaml.SafeLoader):
-    """SafeLoader that checks every node while the document is composed (before construction)."""
+_TAG = "tag:yaml.org,2002:"
+ALLOWED_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map"))
+_INT = re.compile(r"^[-+]?[0-9][0-9_]*$")  # decimal only (no 0x / 0o / 0b, no 1:20); 010 is ten
+_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")  # PyYAML's, less sexagesimal
+_BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+
+
+class _PlainResolver(yaml.resolver.BaseResolver):
+    """Implicit types of plain scalars: a subset of PyYAML's YAML 1.1 set, so any string
+    ``yaml.safe_dump`` leaves unquoted reads back as the same string."""
+
+    yaml_implicit_resolvers: dict = {}
+
+
+_PlainResolver.add_implicit_resolver(_TAG + "bool", re.compile("^(?:" + "|".join(_BOOL) + ")$"), list("tTfF"))
+_PlainResolver.add_implicit_resolver(_TAG + "int", _INT, list("-+0123456789"))
+_PlainResolver.add_implicit_resolver(_TAG + "float", _FLOAT, list("-+0123456789."))
+_PlainResolver.add_implicit_resolver(_TAG + "null", _NULL, ["~", "n", "N", ""])
+
+
+class _PlainConstructor(yaml.constructor.SafeConstructor):
+    """SafeConstructor whose int / float / bool read only the spellings above, also under an
+    explicit ``!!int`` (``!!int 0b101`` is refused, not 5)."""
+
+    def _plain(self, node: Any, patterns: tuple, what: str) -> str:
+        value = self.construct_scalar(node)
+        if not any(p.match(value) for p in patterns):
+            raise YamlInputError(f"{short(value)} is not a {what} (decimal digits only)")
+        return value
+
+    def construct_yaml_int(self, node: Any) -> int:
+        return int(self._plain(node, (_INT,), "whole number").replace("_", ""))
+
+    def construct_yaml_float(self, node: Any) -> float:
+        value = self._plain(node, (_FLOAT, _INT), "number").replace("_", "").lower()
+        return float(value.replace(".inf", "inf").replace(".nan", "nan"))
+
+    def construct_yaml_bool(self, node: Any) -> bool:
+        value = self.construct_scalar(node)
+        if value not in _BOOL:
+            raise YamlInputError(f"{short(value)} is not true or false")
+        return _BOOL[value]
+
+
+_PlainConstructor.add_constructor(_TAG + "int", _PlainConstructor.construct_yaml_int)
+_PlainConstructor.add_constructor(_TAG + "float", _PlainConstructor.construct_yaml_float)
+_PlainConstructor.add_constructor(_TAG + "bool", _PlainConstructor.construct_yaml_bool)
+
+
+class _LimitedLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
+                     _PlainConstructor, _PlainResolver):
+    """A safe loader with plain types only that checks every node while the document is composed
+    (before construction)."""
 
     def __init__(self, stream: str, root: str = "") -> None:
-        super().__init__(stream)
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        _PlainConstructor.__init__(self)
+        _PlainResolver.__init__(self)
         self._path: list[str] = root.split(".") if root else []  # where the document sits (a --set key)
         self._root = len(self._path)
         self._nodes = 0
@@ -87,6 +152,10 @@ class _LimitedLoader(yaml.SafeLoader):
             if self.check_event(yaml.AliasEvent) or getattr(self.peek_event(), "anchor", None):
                 raise YamlInputError(f"{self._where()}: anchors and aliases (&name, *name) are not allowed; "
                                      "write each value out")
+            tag = getattr(self.peek_event(), "tag", None)
+            if tag not in (None, "!") and tag not in ALLOWED_TAGS:
+                raise YamlInputError(f"{self._where()}: the tag {short(tag.replace(_TAG, '!!'), 40)} is not allowed; "
+                                     "plain values only (text, numbers, true/false, null, lists, mappings)")
             self._nodes += 1
             if self._nodes > MAX_NODES:
                 raise YamlInputError(f"more than {MAX_NODES} values in one document: at most {MAX_NODES}")

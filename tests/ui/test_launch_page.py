@@ -108,10 +108,11 @@ def test_an_invalid_field_in_another_tab_keeps_the_tab_bar(home):
 
 def test_unsafe_inputs_are_refused(home):
     base = load_recipe("grpo")
-    _, errors = validate_form({"dataset": "../../etc/passwd", "model": "a;rm -rf /", "name": "x y"}, base)
+    _, errors = validate_form({"dataset": "../../etc/passwd", "model": "a;rm -rf /", "name": "a/b"}, base)
     assert errors["dataset"].startswith("dataset='../../etc/passwd' resolves outside the workbench home")
-    assert errors["model"] == "model='a;rm -rf /' is not allowed; 'tiny' or a Hugging Face id like 'org/name'"
-    assert errors["name"].startswith("name='x y' is not allowed")
+    assert errors["model"] == ("model='a;rm -rf /' is not allowed; 'tiny', a Hugging Face id like 'org/name' or a "
+                               "model directory inside the workbench home")
+    assert errors["name"].startswith("name='a/b': character '/' is not allowed")  # 'x y' is a name (a label)
     reward_spec = next(s for s in field_specs() if s.path == "reward_funcs")
     assert reward_spec.kind == "multi" and set(reward_spec.choices) == {"exact_match", "format", "position_match", "first_char", "reasoning_gym", "answer_format", "math_verify"}
 
@@ -242,3 +243,71 @@ def test_compare_choices_leave_out_the_starting_preset_whatever_the_run_is_named
     assert "grpo" not in choices and "rloo" in choices
     at.text_input(key="rf:name").input("rloo").run()  # the run's own name, not its algorithm
     assert at.multiselect(key="launch_compare").options == choices
+
+
+def _sweep(at, field: str, values: str):
+    at.multiselect(key="launch_sweep_fields").select(field).run()
+    at.text_input(key=f"launch_sweep:{field}").input(values).run()
+    return [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("case, values, expected", [
+    ("alias bomb", "BOMB", "anchors and aliases"),
+    ("5000 deep", "[" * 5000, "nested more than 64 levels"),
+    ("5001-digit integer", "1" * 5001, "<an integer of 5001 digits>"),
+])
+def test_a_hostile_sweep_box_is_one_line_quickly(home, store, case, values, expected):
+    """The sweep box took the 337-character alias bomb (46 s, then MemoryError), and printed a
+    RecursionError / ValueError traceback for the other two."""
+    import time
+
+    from tests.test_inputs_yaml import BOMB
+
+    at = page("launch_page").run()
+    start = time.monotonic()
+    errors = _sweep(at, "task_config", BOMB if values == "BOMB" else values)
+    assert time.monotonic() - start < 20 and not at.exception
+    [error] = errors
+    assert error.startswith("sweep 'task_config'") and expected in error and "\n" not in error and len(error) < 400
+    assert at.button(key="launch_go").disabled and store.list_runs().empty
+
+
+OUTSIDE = "/tmp/secret-workbench-test/creds.csv"
+
+
+@pytest.mark.parametrize("field, value", [("dataset", OUTSIDE), ("dataset", "../../../../../tmp/secret-workbench-test/creds.csv"),
+                                          ("eval.dataset", OUTSIDE), ("model", "/tmp/secret-workbench-test"),
+                                          ("model", "/tmp/secret-workbench-test/m.gguf")])
+def test_a_swept_path_outside_the_home_is_refused_like_the_form(home, store, field, value):
+    """A swept dataset skipped the form's confinement: a sweep to a file outside the home was
+    planned, and the launch's dataset check printed that file's header columns."""
+    from pathlib import Path
+
+    secret = Path(OUTSIDE)
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_text("user,password\nalice,hunter2\n")
+    at = page("launch_page").run()
+    errors = _sweep(at, field, f"data.jsonl, {value}" if "dataset" in field else f"tiny, {value}")
+    assert errors and all("password" not in e and "hunter2" not in e for e in errors)
+    assert any(e.startswith(f"{field}='{value}' resolves outside the workbench home") for e in errors), errors
+    assert at.button(key="launch_go").disabled and store.list_runs().empty
+    # the form's own field, the same rule (one helper)
+    _, form_errors = validate_form({field: value}, load_recipe("grpo"))
+    assert form_errors[field].startswith(f"{field}='{value}' resolves outside the workbench home")
+
+
+def test_path_fields_inside_the_home_and_model_names_still_work(home):
+    from workbench.ui.launch_page import _plan
+    from workbench.ui.recipe_form import app_path_value
+
+    (home / "data.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (home / "models" / "mine").mkdir(parents=True)
+    assert app_path_value("dataset", "data.jsonl") == str(home / "data.jsonl")
+    assert app_path_value("eval.dataset", "") is None
+    for name in ("tiny", "smollm2-135m", "HuggingFaceTB/SmolLM2-135M"):
+        assert app_path_value("model", name) == name
+    assert app_path_value("model", "models/mine") == str(home / "models" / "mine")
+    with pytest.raises(ValueError, match="no such file or directory in the workbench home"):
+        app_path_value("model", "./nothing-here")
+    planned, error = _plan(load_recipe("grpo"), [], 1, {"dataset": ["data.jsonl"]}, "local")
+    assert error is None and planned[0].recipe.dataset == str(home / "data.jsonl")  # resolved in the home, not the cwd

@@ -8,6 +8,9 @@ What is checked (and what is not):
   (tasks.load_dataset_rows): size, UTF-8, format, a non-empty ``prompt`` in every row, each at
   most MAX_PROMPT_CHARS characters. Prompts longer than ``sampling.max_prompt_length`` tokens are
   not refused: they are left-truncated as in TRL and counted (prompts/truncated_ratio).
+- ``task_config``: every number finite (``nan`` / ``.inf`` passed the schema, which types it as
+  plain data, and reached reasoning-gym's generators). Its sizes are not bounded here: each
+  reasoning-gym dataset has its own meaning for them.
 - ``reward_funcs`` (or the task's defaults): resolved as the trainer resolves them, and
   ``reward_weights`` counted against them. Resolving an import reference imports its module (the
   CLI keeps Python's usual import rules); the app first limits references to an allow-list
@@ -16,7 +19,8 @@ What is checked (and what is not):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from workbench.engine.rewards import load_reward_function, reward_weights_for
 from workbench.engine.tasks import load_dataset_rows, resolve_task
@@ -57,7 +61,30 @@ def check_reward_funcs(recipe: "Recipe") -> None:
     reward_weights_for(weights, refs)
 
 
+def non_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """(dotted place, value) of the first NaN or infinite float in plain data, or None."""
+    stack = [(where, value)]
+    while stack:
+        place, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return place, item
+        if isinstance(item, dict):
+            stack.extend((f"{place}.{k}", v) for k, v in reversed(list(item.items())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{place}.{i}", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def check_task_config(recipe: "Recipe") -> None:
+    """ValueError naming the first task_config value that is NaN or infinite."""
+    found = non_finite(recipe.task_config, "task_config")
+    if found is not None:
+        place, value = found
+        raise ValueError(f"{place}={value}: not a finite number; give a number (nan and inf are not allowed)")
+
+
 def check_run_inputs(recipe: "Recipe") -> None:
-    """Everything a run reads before it trains: datasets, then reward functions."""
+    """Everything a run reads before it trains: task_config's numbers, datasets, then reward functions."""
+    check_task_config(recipe)
     check_dataset(recipe)
     check_reward_funcs(recipe)

@@ -15,6 +15,7 @@ import csv
 import json
 import random
 import string
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,14 +308,20 @@ class DatasetError(ValueError):
 
 
 def _decode_lines(path: Path, field: str):
-    """(line number, text) of a UTF-8 file; DatasetError at the first byte that is not UTF-8."""
+    """(line number, text) of a UTF-8 file, without the byte-order mark Excel writes at its start
+    (utf-8-sig: a BOM left in made the first column '\\ufeffprompt'); DatasetError at the first
+    byte that is not UTF-8."""
     with path.open("rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
-                yield line_no, raw.decode("utf-8")
+                yield line_no, raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as err:
                 raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} is not UTF-8 text (byte {err.start}); "
                                    "save the file as UTF-8") from None
+
+
+_TOO_MANY_DIGITS = (f"an integer of more than {sys.get_int_max_str_digits()} digits; write long numbers as text "
+                    "(in quotes)")
 
 
 def _read_jsonl(path: Path, field: str = "dataset") -> list[Row]:
@@ -329,6 +336,8 @@ def _read_jsonl(path: Path, field: str = "dataset") -> list[Row]:
             raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} is not valid JSON ({exc.msg})") from None
         except RecursionError:
             raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} nests too deeply") from None
+        except ValueError:  # Python's int-string limit (a 5000-digit integer)
+            raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no}: {_TOO_MANY_DIGITS}") from None
         if not isinstance(row, dict):
             raise DatasetError(f"{field}={short(str(path), 240)}: line {line_no} is not a JSON object")
         rows.append(row)
@@ -342,6 +351,8 @@ def _read_json(path: Path, field: str = "dataset") -> list[Row]:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise DatasetError(f"{field}={short(str(path), 240)}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
+    except ValueError:  # Python's int-string limit
+        raise DatasetError(f"{field}={short(str(path), 240)}: {_TOO_MANY_DIGITS}") from None
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
         raise DatasetError(f"{field}={short(str(path), 240)}: expected a JSON array of objects")
     return data
@@ -351,10 +362,16 @@ def _read_csv(path: Path, field: str = "dataset") -> list[Row]:
     """CSV with a header row; values stay strings (reward functions compare ``str(...)``). A field
     over csv's field_size_limit (131072 characters) is refused, naming its line."""
     reader = csv.DictReader(line for _, line in _decode_lines(path, field))
+    rows = []
     try:
-        return [dict(row) for row in reader]
+        for row in reader:
+            if None in row:  # DictReader's key for the fields past the header's
+                raise DatasetError(f"{field}={short(str(path), 240)}: line {reader.line_num} has more fields than the "
+                                   f"header's {len(reader.fieldnames or [])} columns; quote values that hold commas")
+            rows.append(row)
     except csv.Error as err:
         raise DatasetError(f"{field}={short(str(path), 240)}: line {reader.line_num}: {short(str(err)).strip(chr(39))}") from None
+    return rows
 
 
 _FILE_READERS: dict[str, Callable[..., list[Row]]] = {
@@ -371,8 +388,8 @@ def _prompt_problem(prompt: Any) -> str | None:
         text = prompt
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
         text = "".join(str(m.get("content", "")) for m in prompt)
-    else:
-        return f"prompt={short(prompt, 40)} is neither text nor a list of {{role, content}} messages"
+    else:  # its type, not its value: an error never quotes a file's contents
+        return f"prompt is a {type(prompt).__name__}, neither text nor a list of {{role, content}} messages"
     if not text.strip():
         return "prompt is empty"
     if len(text) > MAX_PROMPT_CHARS:
@@ -429,9 +446,8 @@ def load_dataset_rows(source: str, *, split: str = "train", limit: int | None = 
         raise DatasetError(f"{where} has no rows")
     for index, row in enumerate(rows):
         if "prompt" not in row:
-            columns = short(sorted(map(str, row)), 120)
-            raise DatasetError(f"{where}: row {index} has no 'prompt' column (columns: {columns}); "
-                               "a 'prompt' column is required")
+            raise DatasetError(f"{where}: row {index} has no 'prompt' column (it has {len(row)} other columns); "
+                               "a 'prompt' column is required")  # not their names: never a file's contents
         problem = _prompt_problem(row["prompt"])
         if problem:
             raise DatasetError(f"{where}: row {index}: {problem}")

@@ -29,7 +29,8 @@ def _cmd_launch(args) -> int:
     planned = plan_runs(args.recipe, seeds=args.seeds, sweep=parse_sweep(args.sweep), overrides=args.set,
                         target=args.target, num_processes=args.processes)
     store = RunStore()
-    common = dict(target=args.target, tags=args.tag, notes=args.notes, num_processes=args.processes, store=store)
+    common = dict(target=args.target, tags=args.tag, notes=args.notes, num_processes=args.processes, store=store,
+                  trust_local_imports=True)  # the CLI user's own reward modules, as Python imports them
     if len(planned) > 1 or args.group:
         if args.name:
             return _fail("--name names one run; with several recipes, seeds or sweep values use --group")

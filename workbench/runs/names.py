@@ -1,7 +1,9 @@
-"""Names users type (run names, tags, groups): checked against one safe pattern.
+"""Names users type (run names, tags, groups).
 
-They end up in paths, shell scripts and SQL parameters; a strict pattern is simpler to trust than
-escaping everywhere (scripts still quote them).
+Tags and groups end up in paths, shell scripts and SQL parameters; a strict pattern is simpler to
+trust than escaping everywhere (scripts still quote them). A run's name is a free label with the
+Recipe's own rule (``Recipe.name``: no path separators or control characters, 1-64 characters):
+it never becomes a path itself; the run id and directory use ``slug(name)``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,17 @@ def _check(field: str, value: str) -> str:
 
 
 def check_run_name(name: str) -> str:
-    return _check("name", name)
+    """``name`` if the Recipe accepts it as its name (one rule: ``Recipe.name``'s length and
+    validator, so 'my run' and 'été' pass here as they do in a recipe); ValueError naming it."""
+    from workbench.recipe import MAX_NAME_CHARS, Recipe  # torch-free; the rule lives with the schema
+    from workbench.yamlsafe import short
+
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise ValueError(f"name={short(name)} is not allowed; 1-{MAX_NAME_CHARS} characters")
+    try:
+        return Recipe._plain_name(name)
+    except ValueError as err:
+        raise ValueError(f"name={short(name)}: {err}") from None
 
 
 def check_tag(tag: str) -> str:
@@ -49,5 +61,6 @@ def slug(name: str) -> str:
 
 
 def new_run_id(name: str) -> str:
-    """NAME-YYYYmmdd-HHMMSS-xxxx: sortable by time, unique without a lock."""
-    return f"{check_run_name(name)[:40]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    """SLUG-YYYYmmdd-HHMMSS-xxxx (SLUG = ``slug(name)``, so the id satisfies NAME_RULE whatever
+    label the run has): sortable by time, unique without a lock."""
+    return f"{slug(check_run_name(name))}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

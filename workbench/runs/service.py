@@ -75,21 +75,27 @@ def _inputs_key(recipe: Recipe) -> str:
 
 
 def check_launch_inputs(recipes: Iterable[Recipe], *, target: str = "local",
-                        reward_funcs_allowed: Sequence[str] | None = None) -> None:
+                        reward_funcs_allowed: Sequence[str] | None = None, trust_local_imports: bool = False,
+                        settings: Settings | None = None) -> None:
     """Before anything is written: refuse a reward function the caller may not use, then (on this
     machine) read the datasets and resolve the reward functions as the run will (engine/precheck,
-    torch-free). ``reward_funcs_allowed`` None is the CLI: Python's usual import rules, a user's own
-    modules. The app passes settings' ``reward_funcs_allowed``: a reference that is neither a
-    built-in nor listed there is refused before anything is imported (who types in the app does
-    not own the server, and importing a module runs its top-level code). Another target reads its
-    own files and modules, so only the allow-list applies there. ValueError naming the field."""
-    from workbench.engine.precheck import check_run_inputs
+    torch-free). By default a reference that is neither a built-in nor in ``reward_funcs_allowed``
+    (None: settings' ``reward_funcs_allowed``) is refused before anything is imported: importing a
+    module runs its top-level code, and a caller that forgets the argument must not get Python's
+    import rules. ``trust_local_imports=True`` is the CLI's explicit opt-out: the user's own
+    modules, as Python imports them. Another target reads its own files and modules, so only the
+    allow-list applies there. ValueError naming the field."""
+    from workbench.engine.precheck import check_run_inputs, check_task_config
     from workbench.engine.rewards import check_app_reward_funcs
 
     recipes = list(recipes)
-    if reward_funcs_allowed is not None:  # every recipe, before any of them imports anything
+    if not trust_local_imports:  # every recipe, before any of them imports anything
+        if reward_funcs_allowed is None:
+            reward_funcs_allowed = tuple((settings or load_settings()).reward_funcs_allowed)
         for recipe in recipes:
             check_app_reward_funcs(recipe.reward_funcs, reward_funcs_allowed)
+    for recipe in recipes:  # plain data, any target
+        check_task_config(recipe)
     if target_scheme(target) != "local":
         return
     for recipe in {_inputs_key(r): r for r in recipes}.values():
@@ -99,20 +105,23 @@ def check_launch_inputs(recipes: Iterable[Recipe], *, target: str = "local",
 def launch(recipe: Recipe, *, target: str = "local", name: str | None = None, group: str | None = None,
            tags: Iterable[str] = (), notes: str = "", created_by: str | None = None, num_processes: int = 1,
            store: RunStore | None = None, settings: Settings | None = None, arm: str | None = None,
-           sweep: Mapping[str, Any] | None = None, reward_funcs_allowed: Sequence[str] | None = None) -> str:
+           sweep: Mapping[str, Any] | None = None, reward_funcs_allowed: Sequence[str] | None = None,
+           trust_local_imports: bool = False) -> str:
     """Check the run's inputs (``check_launch_inputs``), register it and start it (or queue it
     until a local slot is free); returns its id.
 
     ``arm`` (default: the run's name) and ``sweep`` (the swept values that make the arm) are
-    recorded with the run; its seed is the recipe's ``train.seed``.
+    recorded with the run; its seed is the recipe's ``train.seed``. Reward functions are held to
+    settings' allow-list unless ``trust_local_imports`` (the CLI; see ``check_launch_inputs``).
 
     Nothing is left in the store when the target cannot take the run (unknown host, unreachable
     host, no sbatch): the error is raised and the half-made run is removed. Nor on disk when the
     store cannot take it (StoreError: read-only file): the run directory is removed again.
     """
-    check_launch_inputs([recipe], target=target, reward_funcs_allowed=reward_funcs_allowed)
-    store = store or RunStore()
     settings = settings or load_settings()
+    check_launch_inputs([recipe], target=target, reward_funcs_allowed=reward_funcs_allowed,
+                        trust_local_imports=trust_local_imports, settings=settings)
+    store = store or RunStore()
     group = check_group(group) if group else None
     launcher = launcher_for(target, settings)
     row = _new_run(recipe, target=target, launcher=launcher, name=name, group=group, tags=tags, notes=notes,
@@ -193,20 +202,25 @@ class PlannedRun:
 
 
 def parse_sweep(items: Iterable[str]) -> dict[str, list[Any]]:
-    """CLI ``--sweep FIELD=V1,V2`` items -> {dotted field: [values]}; each value list is read as one
-    YAML flow sequence, so ``optim.betas=[0.9,0.99],[0.9,0.999]`` sweeps two pairs."""
-    import yaml
+    """CLI ``--sweep FIELD=V1,V2`` items (and the Launch page's "Values of FIELD" boxes) ->
+    {dotted field: [values]}; each value list is read as one YAML flow sequence by the limited
+    loader (workbench.yamlsafe: no aliases, bounded depth and integer length), so
+    ``optim.betas=[0.9,0.99],[0.9,0.999]`` sweeps two pairs and a hostile list is one RunError
+    naming the field, not a traceback or minutes of expansion."""
+    from workbench.yamlsafe import YamlInputError, load_yaml, short
 
     sweep: dict[str, list[Any]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or not raw.strip():
-            raise RunError(f"--sweep {item!r} is not allowed; expected FIELD=V1,V2,..., e.g. algorithm.eps_high=0.2,0.28")
+            raise RunError(f"--sweep {short(item)} is not allowed; expected FIELD=V1,V2,..., e.g. algorithm.eps_high=0.2,0.28")
         try:
-            values = yaml.safe_load(f"[{raw}]")
-        except yaml.YAMLError as err:
-            raise RunError(f"--sweep {item!r}: the values are not a valid YAML list ({getattr(err, 'problem', err)})") from None
+            values = load_yaml(f"[{raw}]", root=key)
+        except YamlInputError as err:
+            if str(err).startswith("not valid YAML"):
+                raise RunError(f"--sweep {short(item)}: the values are not a valid YAML list ({str(err)[16:-1]})") from None
+            raise RunError(f"--sweep {short(key, 40)}: {err}") from None
         if key in sweep:
             raise RunError(f"--sweep {key} is given twice; list every value in one --sweep {key}=V1,V2")
         sweep[key] = values
@@ -331,10 +345,11 @@ def _yaml_text(value: Any) -> str:
 def launch_planned(planned: Sequence[PlannedRun], *, group: str | None = None, target: str = "local",
                    tags: Iterable[str] = (), notes: str = "", created_by: str | None = None, num_processes: int = 1,
                    store: RunStore | None = None, settings: Settings | None = None,
-                   reward_funcs_allowed: Sequence[str] | None = None) -> list[str]:
+                   reward_funcs_allowed: Sequence[str] | None = None, trust_local_imports: bool = False) -> list[str]:
     """Launch the runs of ``plan_runs`` as one comparison group (``group`` may be None for a single
     run); returns their ids in plan order. Every run's inputs are checked first
-    (``check_launch_inputs``: nothing is written when one fails). All or nothing: if one cannot be
+    (``check_launch_inputs``: nothing is written when one fails; reward functions held to
+    settings' allow-list unless ``trust_local_imports``). All or nothing: if one cannot be
     launched, the runs this call already made are deleted (cancelled first) and the error is raised."""
     if not planned:
         raise RunError("nothing to launch: the plan has no runs")
@@ -347,7 +362,8 @@ def launch_planned(planned: Sequence[PlannedRun], *, group: str | None = None, t
     settings = settings or load_settings()
     store.check_writable()
     launcher = launcher_for(target, settings)  # an unknown target fails before the first run is made
-    check_launch_inputs([run.recipe for run in planned], target=target, reward_funcs_allowed=reward_funcs_allowed)
+    check_launch_inputs([run.recipe for run in planned], target=target, reward_funcs_allowed=reward_funcs_allowed,
+                        trust_local_imports=trust_local_imports, settings=settings)
     runs = [(_new_run(run.recipe, target=target, launcher=launcher, name=None, group=group, tags=tags, notes=notes,
                       created_by=created_by, num_processes=num_processes, arm=run.arm, sweep=run.sweep), run.recipe)
             for run in planned]

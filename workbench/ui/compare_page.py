@@ -18,6 +18,7 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.analysis import DEFAULT_WINDOW_FRAC, default_metric, final_window_values, sweep_table
+from workbench.analysis.stats import DuplicateSeedError
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
 from workbench.viz.arms import arm_figures, sweep_figures
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
@@ -220,7 +221,11 @@ def _arm_sweeps(ids: list[str]) -> dict[str, dict]:
 
 def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> None:
     sweeps = _arm_sweeps(ids)
-    scores = final_window_values(frame, metric, window) if sweeps and metric else {}
+    try:
+        scores = final_window_values(frame, metric, window) if sweeps and metric else {}
+    except DuplicateSeedError as err:  # two runs of an arm with one seed: say so, as verdict_table does
+        st.info(str(err))
+        return
     if not scores:
         return
     st.subheader("Sweep")

@@ -14,8 +14,9 @@ from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
 from workbench.engine.rewards import check_app_reward_funcs
 from workbench.ui.common import (LAUNCH_ERRORS, any_active, blocked_notice, guarded_button,
                                  launch_planned_and_remember, run_option, store)
-from workbench.ui.recipe_form import (allowed_reward_refs, comparison_recipes, fields_at_fault, load_into_form,
-                                      preset_notes, render_form, section_title, sweep_values_help, sweepable_fields)
+from workbench.ui.recipe_form import (allowed_reward_refs, app_paths_sweep, check_app_paths, comparison_recipes,
+                                      fields_at_fault, load_into_form, preset_notes, render_form, section_title,
+                                      sweep_values_help, sweepable_fields)
 
 
 def _targets() -> tuple[list[str], str | None]:
@@ -136,11 +137,14 @@ def _plan(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | No
     arm and seed at fault. Nothing is launched here."""
     if recipe is None or sweep is None:
         return None, None
-    try:  # planning imports nothing; a reward function the app does not offer (swept too) is refused here
-        planned = wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=sweep, target=target)
+    try:  # planning imports and reads nothing; a reward function the app does not offer or a path
+        # outside the workbench home (swept too: swept values skip the form) is refused here
+        planned = wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=app_paths_sweep(sweep),
+                               target=target)
         allowed = allowed_reward_refs()
         for run in planned:
             check_app_reward_funcs(run.recipe.reward_funcs, allowed)
+            check_app_paths(run.recipe)
         return planned, None
     except LAUNCH_ERRORS as err:
         return None, str(err).removeprefix("--")

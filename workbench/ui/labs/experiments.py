@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from workbench.analysis.stats import DuplicateSeedError
 from workbench.runs import ACTIVE_STATUSES
 from workbench.runs.experiments import (EXPERIMENTS, Experiment, experiment_frame, experiment_groups, experiment_plan,
                                         next_group, paper_direction)
@@ -85,7 +86,11 @@ def _result(experiment: Experiment, group: str, polling: bool) -> None:
 
 def _paper_check(frame: pd.DataFrame, experiment: Experiment, live: bool) -> None:
     """One line: does the table show the direction the paper reports?"""
-    outcome = paper_direction(frame, experiment)
+    try:
+        outcome = paper_direction(frame, experiment)
+    except DuplicateSeedError as err:  # two runs of an arm with one seed: say so, as verdict_table does
+        st.info(str(err))
+        return
     expect = experiment.expect
     claim = f"`{expect.higher}` > `{expect.lower}` on `{experiment.metric}`"
     if outcome is None:
