@@ -6,6 +6,7 @@ local launcher; the tests only observe it (events file, /proc, the store).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -260,8 +261,9 @@ def test_cli_launch_wait_list_show_and_delete(fresh_home):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["launch", "grpo", "--name", "../../etc"], "name='../../etc' is not allowed"),
-    (["launch", "grpo", "--name", "x;rm -rf ~"], "name='x;rm -rf ~' is not allowed"),
+    (["launch", "grpo", "--name", "../../etc"], "name='../../etc': character '/' is not allowed"),
+    (["launch", "grpo", "--name", "x\ny"], "name='x\\ny': character '\\n' is not allowed"),
+    (["launch", "grpo", "--name", "x" * 65], "1-64 characters"),
     (["launch", "grpo", "--tag", "$(id)"], "tag='$(id)' is not allowed"),
     (["launch", "grpo", "--group", "a/../b"], "group='a/../b' is not allowed"),
     (["launch", "grpo", "--set", "sampling.num_generations=0"], "sampling.num_generations=0"),
@@ -275,6 +277,18 @@ def test_hostile_or_invalid_input_is_refused_and_changes_nothing(fresh_home, arg
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert RunStore().list_runs().empty
     assert not (fresh_home / "runs").exists() or not any((fresh_home / "runs").iterdir())
+
+
+def test_a_run_name_is_a_label_and_its_id_and_directory_are_its_slug(fresh_home):
+    """A name with shell characters is kept verbatim as the run's label (SQL parameters, quoted in
+    scripts); the run id and directory are its slug inside the workbench home."""
+    out = _cli("launch", "grpo", "--name", "x;rm -rf ~ $(id)", "--set", "train.steps=1", home=fresh_home)
+    assert out.returncode == 0, out.stderr
+    run = RunStore().get_run(out.stdout.strip())
+    assert run["name"] == "x;rm -rf ~ $(id)"
+    assert re.fullmatch(r"x-rm--rf-id-\d{8}-\d{6}-[0-9a-f]{4}", run["id"]), run["id"]
+    assert Path(run["run_dir"]).parent == fresh_home / "runs" and Path(run["run_dir"]).name == run["id"]
+    _cli("runs", "cancel", run["id"], home=fresh_home)
 
 
 def test_unknown_target_raises_launch_error(fresh_home):

@@ -148,7 +148,8 @@ def test_ssh_run_killed_after_a_checkpoint_resumes_on_the_host_and_equals_an_uni
     stalling, fixed = host(stall=True), host(stall=False)
     save_settings(fixed)  # what `runs resume` reads: the host's setup no longer stalls
     store = RunStore()
-    run_id = launch(load_recipe("grpo", OVERRIDES), target="ssh://testhost", store=store, settings=stalling)
+    run_id = launch(load_recipe("grpo", OVERRIDES), target="ssh://testhost", store=store, settings=stalling,
+                    trust_local_imports=True)  # as the CLI: the test's own reward module
     first = store.get_run(run_id)["handle"]
     remote_dir = Path(first["remote_dir"])
     _sync_until(store, stalling, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(remote_dir))
@@ -245,7 +246,8 @@ def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new
         cluster, app, monkeypatch, uninterrupted):
     store = RunStore()
     monkeypatch.setenv(STALL_ENV, STALL_STEP)  # inherited by the first job only
-    run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", store=store, settings=SLURM)
+    run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", store=store, settings=SLURM,
+                    trust_local_imports=True)
     run_dir = Path(store.get_run(run_id)["run_dir"])
     _sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
     time.sleep(0.5)

@@ -105,11 +105,14 @@ def test_rename_and_tags_are_validated(tmp_path):
     store.set_tags("r1", ["baseline", "cpu"])
     assert (store.get_run("r1")["name"], store.get_run("r1")["tags"]) == ("grpo-lr3e-4", ["baseline", "cpu"])
     for bad in ("../etc", "a;rm -rf ~", "$(id)", "", "x" * 65):
-        with pytest.raises(ValueError, match="is not allowed"):
-            store.rename("r1", bad)
         with pytest.raises(ValueError, match="tag=.* is not allowed"):
             store.set_tags("r1", [bad])
+    for bad in ("../etc", "a\\b", "a\nb", "", "x" * 65):  # a name is a label: no path separators or control characters
+        with pytest.raises(ValueError, match="name=.*(is not allowed|1-64 characters)"):
+            store.rename("r1", bad)
     assert store.get_run("r1")["name"] == "grpo-lr3e-4"
+    store.rename("r1", "grpo lr=3e-4; été")  # spaces, punctuation and accents are fine in a label
+    assert store.get_run("r1")["name"] == "grpo lr=3e-4; été"
 
 
 def _writer(path, run_id, steps):

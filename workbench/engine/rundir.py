@@ -232,9 +232,11 @@ def _make_fresh_dir(run_dir: Path) -> bool:
                           "new or empty directory") from None
 
 
-def prepare(run_dir: Path, recipe_yaml: str) -> Path:
+def prepare(run_dir: Path, recipe_yaml: str) -> bool:
     """A launcher's run directory: new (or existing and empty) with ``recipe.yaml``; on failure
-    whatever this call created is removed and nothing else is touched."""
+    whatever this call created is removed and nothing else is touched. Returns whether this call
+    created the directory (decided by the mkdir itself, so the caller's clean-up never races
+    another process: False means it was there, empty, and only ``recipe.yaml`` is ours)."""
     run_dir = Path(run_dir)
     created = _make_fresh_dir(run_dir)
     try:
@@ -244,7 +246,7 @@ def prepare(run_dir: Path, recipe_yaml: str) -> Path:
         if created:
             run_dir.rmdir()
         raise
-    return run_dir
+    return created
 
 
 def _lock(run_dir: Path) -> tuple[IO, bool]:

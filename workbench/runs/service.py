@@ -155,20 +155,18 @@ def _register_and_start(store: RunStore, settings: Settings, launcher: Launcher,
     find its recipe. All or nothing: a refused check, a store that cannot be written, a directory
     that cannot be made or a remote start that fails removes every run of this call (rows and
     directories) and raises."""
-    made: list[tuple[Path, bool]] = []  # (run directory, it existed before: empty)
+    made: list[tuple[Path, bool]] = []  # (run directory, this call created it)
     try:
         for row, recipe in runs:
             run_dir = Path(row["run_dir"])
             try:  # a new (or empty) directory only; a failed prepare removes what it made and nothing else
-                existed = run_dir.exists()
-                rundir.prepare(run_dir, recipe.to_yaml())
-                made.append((run_dir, existed))
+                made.append((run_dir, rundir.prepare(run_dir, recipe.to_yaml())))
             except (OSError, rundir.RunDirError) as err:
                 raise RunError(f"cannot create the run directory {run_dir}: {err}") from err
         ids = store.create_runs([row for row, _ in runs], check)
     except BaseException:
-        for run_dir, existed in made:  # what this call made, and only that
-            if existed:
+        for run_dir, created in made:  # what this call made, and only that
+            if not created:
                 (run_dir / rundir.RECIPE_FILE).unlink(missing_ok=True)
                 continue
             shutil.rmtree(run_dir, ignore_errors=True)
