@@ -302,7 +302,7 @@ def test_csv_rows_reach_reward_functions(tmp_path):
 def test_missing_prompt_column(tmp_path):
     jsonl = tmp_path / "bad.jsonl"
     jsonl.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"question": "b"}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl.*row 1 has no 'prompt' column \(columns: \['question'\]\)"):
+    with pytest.raises(ValueError, match=r"bad.jsonl.*row 1 has no 'prompt' column \(it has 1 other columns\)"):
         load_dataset_rows(str(jsonl))
     table = tmp_path / "bad.csv"
     table.write_text("question,answer\n1+1=,2\n")

@@ -73,10 +73,13 @@ def test_bad_name_error_names_the_field(home, store):
     a, _, _ = seed(store)
     at = page("runs_page").run()
     at.selectbox(key="runs_selected").select(a).run()
-    at.text_input(key=f"runs_name:{a}").input("no spaces").run()
+    at.text_input(key=f"runs_name:{a}").input("no/slashes").run()  # a name is a label: no path separators
     at.button(key="runs_save").click().run()
-    assert at.error[0].value.startswith("name='no spaces' is not allowed")
+    assert at.error[0].value.startswith("name='no/slashes': character '/' is not allowed")
     assert store.get_run(a)["name"] == "alpha"
+    at.text_input(key=f"runs_name:{a}").input("with spaces").run()  # the recipe's name rule allows it
+    at.button(key="runs_save").click().run()
+    assert not at.error and store.get_run(a)["name"] == "with spaces"
 
 
 def test_delete_needs_confirmation(home, store):
