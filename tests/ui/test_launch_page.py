@@ -80,11 +80,23 @@ def test_algorithm_tab_shows_only_the_chosen_losss_and_estimators_options(home):
     assert not at.exception and not at.error  # hidden fields keep their values: the recipe still validates
 
 
-def test_gpg_alpha_shows_when_gpg_is_the_estimator_or_the_loss():
+def test_gpg_alpha_shows_when_gpg_is_the_estimator():
+    """gpg_alpha is the gpg estimator's knob (its spec lists it): the gpg *loss* does not read it."""
     spec = next(s for s in field_specs() if s.path == "algorithm.gpg_alpha")
     assert not is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "clip"})
     assert is_relevant(spec, {"algorithm.advantage": "gpg", "algorithm.policy_loss": "clip"})
-    assert is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gpg"})
+    assert not is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gpg"})
+
+
+def test_the_form_shows_exactly_the_knobs_the_chosen_specs_read():
+    """Every family knob on the Algorithm tab shows iff the chosen member's spec lists it."""
+    from workbench.algorithms import FAMILIES
+
+    for loss, s in FAMILIES["policy_loss"].specs.items():
+        values = {"algorithm.advantage": "grpo", "algorithm.policy_loss": loss}
+        shown = {f.path for f in field_specs() if is_relevant(f, values)}
+        owned = {k.field for k in FAMILIES["policy_loss"].knobs()}
+        assert shown & owned == set(s.knob_fields), loss
 
 
 def test_eps_low_sits_beside_eps_high_for_every_preset():
@@ -92,6 +104,8 @@ def test_eps_low_sits_beside_eps_high_for_every_preset():
         data = load_recipe(name).to_dict()
         values = {s.path: data["algorithm"].get(s.label) for s in field_specs() if s.path.startswith("algorithm.")}
         fields = [s for s in field_specs() if s.path.startswith("algorithm.") and is_relevant(s, values)]
+        if "algorithm.eps_low" not in [s.path for s in fields]:  # a loss that reads no clip (sapo, kl_cov, gpg)
+            continue
         row = next(r for r in field_rows(fields) if "algorithm.eps_low" in [s.path for s in r])
         paths = [s.path for s in row]
         assert paths.index("algorithm.eps_high") == paths.index("algorithm.eps_low") + 1, (name, paths)
