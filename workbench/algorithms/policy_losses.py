@@ -58,6 +58,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
 K = KNOBS
 TRUST_REGION = (K["eps_low"], K["eps_high"], K["clip_c"], K["delta"])
 CLIP_FIELDS = tuple(k.field for k in TRUST_REGION)
+# DPPO (TV and KL): thresholds on the probability's move, and the cap C of the detached ratio.
+DPPO_KNOBS = (K["eps_low"], K["eps_high"], K["clip_c"])
+DPPO_AT_RATIO_ONE = at_ratio_one(*(k.field for k in DPPO_KNOBS), what="no probability moves and the cap never bites")
 
 
 def _cispo_at_ratio_one(data: RecipeData) -> dict[str, str]:
@@ -138,23 +141,21 @@ SPECS: dict[str, Spec] = by_name(
          "A trust region on the change of the token's probability, not its ratio: 1e-5 -> 1e-3 (ratio 100) is a tiny "
          "move, 0.99 -> 0.8 a large one.",
          "verl policy_loss dppo_tv (clip_ratio_low / _high are the TV threshold, clip_ratio_c the ratio cap C).",
-         (K["eps_low"], K["eps_high"], K["clip_c"]),
+         DPPO_KNOBS,
          ("The region depends on p_old, not only on the ratio: no single ratio curve.",
           "The paper's settings (verl example): TV 0.15, C = 10000 (no truncation), Dr. GRPO advantages and "
           "seq-mean-token-sum-norm, several mini-batches per rollout batch: the dppo preset."), preset="dppo",
          level="token",
-         inert_when=at_ratio_one("algorithm.eps_low", "algorithm.eps_high", "algorithm.clip_c",
-                                 what="no probability moves and the cap never bites")),
+         inert_when=DPPO_AT_RATIO_ONE),
     Spec("policy_loss", "dppo_kl", "DPPO (KL)", f"{CORE}:dppo_kl_policy_loss",
          (r"\mathrm{KL}_b = p^{old}\log\frac{p^{old}}{p} + (1-p^{old})\log\frac{1-p^{old}}{1-p}",
           r"\text{valid}_t:\ \mathrm{KL}_b \le \varepsilon \text{ or } p \text{ moved against } A"),
          "As DPPO (TV) with the binary KL between the old and new probability of the sampled token.",
-         "verl policy_loss dppo_kl.", (K["eps_low"], K["eps_high"], K["clip_c"]),
+         "verl policy_loss dppo_kl.", DPPO_KNOBS,
          ("The region depends on p_old, not only on the ratio: no single ratio curve.",
           "The paper's KL threshold is 0.05 (verl example): the dppo preset with policy_loss=dppo_kl, eps 0.05."),
          level="token",
-         inert_when=at_ratio_one("algorithm.eps_low", "algorithm.eps_high", "algorithm.clip_c",
-                                 what="no probability moves and the cap never bites")),
+         inert_when=DPPO_AT_RATIO_ONE),
     Spec("policy_loss", "clip_cov", "Clip-Cov", f"{CORE}:clip_cov_policy_loss",
          (r"\mathrm{Cov}_t = (A_t - \bar A)(\log\pi_t - \overline{\log\pi})",
           r"\ell_t = \ell^{clip}_t\,(1 - \text{selected}_t)"),
