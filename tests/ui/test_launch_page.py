@@ -26,7 +26,10 @@ def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
     keys = {w.key for kind in ("text_input", "selectbox", "checkbox", "multiselect") for w in getattr(at, kind)}
     variants = {"rf:algorithm.gspo_variant", "rf:algorithm.cispo_bounds", "rf:algorithm.reinforce_form",
                 "rf:algorithm.gpg_alpha"}
-    assert {s.key for s in specs} - variants <= keys  # GRPO: the other losses' variants are not shown
+    # GRPO with the clip: the knobs only other estimators / losses read (their specs say so) are not shown
+    hidden = {s.key for s in specs if not is_relevant(s, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "clip"})}
+    assert variants <= hidden and "rf:algorithm.sapo_tau_pos" in hidden and "rf:algorithm.eps_high" not in hidden
+    assert {s.key for s in specs} - hidden <= keys
     eps_low = at.text_input(key="rf:algorithm.eps_low")
     assert eps_low.value == "0.2"
     assert eps_low.help == Algorithm.model_fields["eps_low"].description
@@ -325,3 +328,16 @@ def test_path_fields_inside_the_home_and_model_names_still_work(home):
         app_path_value("model", "./nothing-here")
     planned, error = _plan(load_recipe("grpo"), [], 1, {"dataset": ["data.jsonl"]}, "local")
     assert error is None and planned[0].recipe.dataset == str(home / "data.jsonl")  # resolved in the home, not the cwd
+
+
+def test_the_form_says_when_a_knob_has_no_effect():
+    """The grpo preset trains with one update per batch: eps_low / eps_high never bite, and the form
+    says so under them (from workbench.algorithms.inert_knobs); with mu = 2 they act."""
+    from workbench.algorithms import inert_knobs
+
+    at = page("launch_page").run()
+    notes = lambda: [c.value for c in at.caption if "No effect here" in c.value]  # noqa: E731
+    reason = inert_knobs(load_recipe("grpo"))["algorithm.eps_high"]
+    assert any(reason in n for n in notes())
+    at.text_input(key="rf:train.mu").input("2").run()
+    assert not at.exception and not any("every ratio is exactly 1" in n for n in notes())
