@@ -14,28 +14,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-# Torch-free parts of the core only (names, options, PolicyLossConfig): validating a recipe must not
-# load the maths, so `runs list`, `export` and `recipes list` stay light.
+# Torch-free: the algorithm specs (names, capabilities, policy-loss knobs) and the core's option
+# lists and PolicyLossConfig; validating a recipe must not load the maths, so `runs list`,
+# `export` and `recipes list` stay light.
+from workbench.algorithms import FAMILIES, MAX_COEF, MAX_SEED, Knob, spec
+from workbench.algorithms.policy_losses import KNOBS as POLICY_LOSS_KNOBS
+from workbench.algorithms.policy_losses import MAX_COV_BOUND, MAX_EPS, MAX_RATIO_CAP, MAX_SAPO_TAU  # noqa: F401 (bounds, named here too)
 from workbench.core.choices import (
-    ADVANTAGE_NAMES,
-    AGGREGATION_NAMES,
-    BASELINE_ESTIMATORS,
-    CISPO_BOUNDS,
-    CRITIC_ESTIMATORS,
     DISTILL_MODES,
-    GROUP_ESTIMATORS,
     GPG_ALPHAS,
     GRPO_SCALES,
-    GSPO_VARIANTS,
-    KL_ESTIMATOR_NAMES,
     KL_PLACEMENTS,
     MULTI_REWARD_MODES,
-    POLICY_LOSS_NAMES,
-    REINFORCE_FORMS,
     ROLLOUT_CORRECTIONS,
-    TOKEN_LEVEL_ESTIMATORS,
     PolicyLossConfig,
 )
 from workbench.core.registry import check_choice
@@ -66,22 +59,17 @@ MAX_COMPLETION_LENGTH = 131_072  # the longest contexts of current models; the m
 MAX_MU = 64
 MAX_THREADS = 256  # the machine's CPUs are checked where the run starts (machine.check_fits_machine)
 MAX_LOGGED_ROWS = 4096  # samples / diagnostics sequences per step
-MAX_SEED = 2**32 - 1  # numpy's limit
+# MAX_SEED (numpy's limit, 2**32 - 1) and MAX_COEF come from workbench.algorithms (knobs use them too).
 MAX_STALENESS = 64  # train.staleness: k + 1 CPU copies of the policy are kept
 MAX_LORA_RANK = 4096  # lora.r: above any adapter in use (typical 8-256)
 MAX_LORA_ALPHA = 16 * MAX_LORA_RANK  # lora.alpha: alpha / r scales the update (typical alpha = r to 2r)
-# Loss coefficients (beta, entropy, KL-Cov, value, teacher lambda): TRL / verl / slime use 1e-3 to 1;
-# 1e300 is finite but turns the loss nan at the first step, after the run directory exists.
-MAX_COEF = 1000.0
 MAX_LR = 1.0  # optim.lr / critic_lr: AdamW steps of ~lr per parameter; LM RL uses 1e-7 to 1e-3
 MAX_TEMPERATURE = 10.0  # sampling / eval temperature: above ~2 the samples are already near uniform
 # The rest of the numbers: each bound is far outside what the maths is used with, and inside what it
 # survives (1e300 is finite, passes allow_inf_nan=False, and overflowed at step 0). A test tries
 # +-1e300 on every numeric field of the schema, so a new field needs its bounds too.
-MAX_EPS = 10.0  # eps_low / eps_high: PPO 0.2, DAPO 0.28, GMPO 0.4 (log-ratio), CISPO's absolute cap ~5
-MAX_RATIO_CAP = 1e6  # clip_c / delta (verl clip_ratio_c 3: dual clip and DPPO's TIS cap; the dppo preset 1e4 = "no cap"): > 1 + eps_high
-MAX_SAPO_TAU = 100.0  # SAPO gate temperatures (TRL / verl 1.0, 1.05); the gate is 4/tau sigmoid(tau (r - 1))
-MAX_COV_BOUND = 1e6  # Clip-Cov covariance bounds (verl 1, 5): (A - mean A)(logp - mean logp)
+# The policy-loss knobs' bounds (MAX_EPS, MAX_RATIO_CAP, MAX_SAPO_TAU, MAX_COV_BOUND) are declared
+# with the knobs, in workbench/algorithms/policy_losses.py.
 MAX_NATS = 100.0  # entropy target, OPSM / off-policy mask thresholds: per-token nats (ln(vocab) ~ 12)
 MAX_IS_WEIGHT = 1000.0  # rollout_correction bounds (TRL 3, verl 2, IcePop 5)
 MAX_VALUE_CLIP = 1e4  # PPO value clip, in reward units (0.2 usual)
@@ -122,25 +110,36 @@ class _Section(BaseModel):
         return value
 
 
-# Algorithm fields whose values are names from a core registry or option list.
+def _algorithm_knobs() -> tuple[Knob, ...]:
+    """Every knob of every family that sets an ``algorithm.*`` field (once each)."""
+    seen: dict[str, Knob] = {}
+    for family in FAMILIES.values():
+        for knob in family.knobs():
+            if knob.field.startswith("algorithm."):
+                seen.setdefault(knob.field, knob)
+    return tuple(seen.values())
+
+
+# Algorithm fields whose values are names: the family switches (the specs' names, i.e. what the
+# core registries hold) and every knob with a fixed set of choices.
 _NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "advantage": lambda: ADVANTAGE_NAMES,
-    "policy_loss": lambda: POLICY_LOSS_NAMES,
-    "aggregation": lambda: AGGREGATION_NAMES,
-    "kl_estimator": lambda: KL_ESTIMATOR_NAMES,
+    **{f.switch.removeprefix("algorithm."): (lambda f=f: tuple(f.specs)) for f in FAMILIES.values()
+       if f.switch.startswith("algorithm.")},
+    **{k.field.removeprefix("algorithm."): (lambda k=k: k.choices) for k in _algorithm_knobs() if k.choices},
     "kl_placement": lambda: KL_PLACEMENTS,
-    "grpo_scale": lambda: GRPO_SCALES,
-    "gpg_alpha": lambda: GPG_ALPHAS,
-    "gspo_variant": lambda: GSPO_VARIANTS,
-    "cispo_bounds": lambda: CISPO_BOUNDS,
-    "reinforce_form": lambda: REINFORCE_FORMS,
     "rollout_correction": lambda: ROLLOUT_CORRECTIONS,
     "multi_objective_aggregation": lambda: MULTI_REWARD_MODES,
 }
 
 
-class Algorithm(_Section):
-    """The algorithm axes. Defaults are GRPO as in DeepSeekMath / TRL."""
+def knob_fields(knobs: dict[str, Knob]) -> dict[str, Any]:
+    """Pydantic field definitions of declared knobs, in order: type, default, bounds and help
+    (the field's description) as the spec writes them once."""
+    return {k.name: (k.type, Field(k.default, description=k.help, **k.bounds)) for k in knobs.values()}
+
+
+class _AlgorithmHead(_Section):
+    """The algorithm fields before the policy-loss knobs (the field order is the YAML's)."""
 
     advantage: str = "grpo"
     """Advantage estimator: grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline, gae (PPO, needs critic), remax (needs a greedy baseline rollout), opo (length-weighted baseline), grpo_passk (only the best of each group is credited), gpg (group mean baseline times GPG's batch rescaling alpha)."""
@@ -154,36 +153,17 @@ class Algorithm(_Section):
     """Masked whitening of advantages over the batch (usual for PPO/GAE); rescales the step."""
     policy_loss: str = "clip"
     """clip (PPO/GRPO/DAPO), gspo (sequence ratio), cispo (clipped IS weight, no zeroed gradients), reinforce, sapo (soft sigmoid gate), gmpo (geometric mean of log-clipped ratios), dppo_tv / dppo_kl (trust region on probability divergence), clip_cov / kl_cov (covariance-selected tokens), gpg (-A logp)."""
-    eps_low: float = Field(0.2, ge=0, le=MAX_EPS)
-    """Lower clip: ratio below 1 - eps_low stops negative-advantage updates (PPO 0.2)."""
-    eps_high: float = Field(0.2, ge=0, le=MAX_EPS)
-    """Upper clip (DAPO clip-higher 0.28 keeps exploration; GSPO ~4e-4; CISPO absolute cap ~5)."""
-    clip_c: float | None = Field(None, gt=1, le=MAX_RATIO_CAP)
-    """Dual clip (verl clip_ratio_c, e.g. 3): caps the loss of A<0 tokens whose ratio exploded."""
-    delta: float | None = Field(None, gt=1, le=MAX_RATIO_CAP)
-    """TRL's two-sided clip: caps the unclipped ratio at delta (same forward values as clip_c)."""
-    gspo_variant: str = "sequence"
-    """GSPO sequence ratio (paper) or verl's token variant (same value, per-token gradient)."""
-    cispo_bounds: str = "relative"
-    """CISPO weight bounds: relative [1-eps_low, 1+eps_high] (verl) or absolute cap eps_high (TRL)."""
-    reinforce_form: str = "logp"
-    """Vanilla PG surrogate: -A logp or -A ratio (same gradient on-policy)."""
-    sapo_tau_pos: float = Field(1.0, gt=0, le=MAX_SAPO_TAU)
-    """SAPO gate temperature for A > 0 (TRL sapo_temperature_pos, verl tau_pos): higher closes the soft trust region faster."""
-    sapo_tau_neg: float = Field(1.05, gt=0, le=MAX_SAPO_TAU)
-    """SAPO gate temperature for A <= 0 (TRL sapo_temperature_neg, verl tau_neg; > tau_pos damps negative updates sooner)."""
-    clip_cov_ratio: float = Field(2e-4, gt=0, le=1)
-    """Clip-Cov: fraction of tokens, drawn among those with covariance in (clip_cov_lb, clip_cov_ub), whose gradient is cut (verl 2e-4)."""
-    clip_cov_lb: float = Field(1.0, ge=-MAX_COV_BOUND, le=MAX_COV_BOUND)
-    """Clip-Cov lower covariance bound (verl 1.0)."""
-    clip_cov_ub: float = Field(5.0, ge=-MAX_COV_BOUND, le=MAX_COV_BOUND)
-    """Clip-Cov upper covariance bound (verl 5.0)."""
-    kl_cov_ratio: float = Field(2e-4, gt=0, le=1)
-    """KL-Cov: fraction of tokens with the highest covariance that get the |log ratio| penalty (verl 2e-4)."""
-    kl_cov_coef: float = Field(0.1, ge=0, le=MAX_COEF)
-    """KL-Cov penalty coefficient (verl 0.9.1 ppo_kl_coef 0.1)."""
-    cov_seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    """Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); an int = a fixed seed."""
+
+
+# The policy-loss knobs (PolicyLossConfig's fields), generated from their specs between the
+# fields above and below, so presets dump in the same order as ever.
+_AlgorithmPolicyLoss = create_model("_AlgorithmPolicyLoss", __base__=_AlgorithmHead, __module__=__name__,
+                                    **knob_fields(POLICY_LOSS_KNOBS))
+
+
+class Algorithm(_AlgorithmPolicyLoss):
+    """The algorithm axes. Defaults are GRPO as in DeepSeekMath / TRL."""
+
     aggregation: str = "seq-mean-token-mean"
     """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: TRL, verl >= 0.9), token-sum-norm (verl < 0.9's Dr. GRPO: / L_max only)."""
     kl_coef: float = Field(0.0, ge=0, le=MAX_COEF)
@@ -239,12 +219,13 @@ class Algorithm(_Section):
 
     @model_validator(mode="after")
     def _cross(self):
-        needs_critic = self.advantage in CRITIC_ESTIMATORS
-        if needs_critic and not self.critic:
+        estimator = spec("advantage", self.advantage)
+        if estimator.needs_critic and not self.critic:
             raise ValueError(f"algorithm.advantage={self.advantage!r} needs algorithm.critic=true (it uses the critic's values)")
-        if self.critic and not needs_critic:
+        if self.critic and not estimator.needs_critic:
+            critics = sorted(n for n, s in FAMILIES["advantage"].specs.items() if s.needs_critic)
             raise ValueError(
-                f"algorithm.critic=true is only used by advantage={' / '.join(map(repr, sorted(CRITIC_ESTIMATORS)))}, not {self.advantage!r}"
+                f"algorithm.critic=true is only used by advantage={' / '.join(map(repr, critics))}, not {self.advantage!r}"
             )
         PolicyLossConfig(**self.policy_loss_kwargs())  # clip_c/delta vs eps_high, with the field names
         lo, hi = self.rollout_correction_min, self.rollout_correction_max
@@ -253,7 +234,7 @@ class Algorithm(_Section):
         if self.entropy_coef_min > self.entropy_coef_max:
             raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} must not exceed "
                              f"algorithm.entropy_coef_max={self.entropy_coef_max}")
-        if self.advantage in BASELINE_ESTIMATORS and self.multi_objective_aggregation != "sum_then_normalize":
+        if estimator.needs_baseline_rollout and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 f"algorithm.advantage={self.advantage!r} subtracts a greedy completion's reward: it needs "
                 f"multi_objective_aggregation='sum_then_normalize', not {self.multi_objective_aggregation!r}")
@@ -556,7 +537,7 @@ class Recipe(_Section):
                 f"the batch (sampling.prompts_per_step x sampling.num_generations = {batch}) must divide into "
                 f"train.minibatches x train.grad_accum = {per_update} equal parts"
             )
-        if self.algorithm.advantage in GROUP_ESTIMATORS and self.sampling.num_generations < 2:
+        if spec("advantage", self.algorithm.advantage).needs_groups and self.sampling.num_generations < 2:
             raise ValueError(
                 f"algorithm.advantage={self.algorithm.advantage!r} needs a group baseline: sampling.num_generations must be >= 2"
             )
@@ -593,7 +574,7 @@ class Recipe(_Section):
 
     @property
     def token_level(self) -> bool:
-        return self.algorithm.advantage in TOKEN_LEVEL_ESTIMATORS
+        return spec("advantage", self.algorithm.advantage).level == "token"
 
     # ---- YAML ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

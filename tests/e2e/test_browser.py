@@ -161,9 +161,9 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
 def test_every_lab_page_renders_its_figures(browser_page, server):
     """Each lab, opened by URL in chromium: no exception box, and the analytic figures are drawn."""
     from workbench.ui.labs import LAB_PAGES
-    from workbench.ui.labs.explanations import FAMILIES
+    from workbench.algorithms import FAMILIES
 
-    walkthroughs = tuple(f"walkthrough-{slug}-" for _, slug in FAMILIES.values())  # every registry family
+    walkthroughs = tuple(f"walkthrough-{f.slug}-" for f in FAMILIES.values())  # every registry family
     page = browser_page
     for _, title, url_path in LAB_PAGES:
         page.goto(f"{server}/{url_path}")

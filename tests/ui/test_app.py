@@ -36,13 +36,16 @@ def test_the_app_opens_without_importing_torch(home):
     assert done.stdout.split()[-2:] == ["Launch", "False"]
 
 
-def test_lab_walkthrough_titles_match_the_walkthroughs():
-    """The navigation lists the walkthroughs without importing them (torch): its titles are the
-    walkthroughs' own."""
-    from workbench.ui.labs import WALKTHROUGH_TITLES
-    from workbench.ui.labs.estimators import WALKTHROUGHS
+def test_lab_walkthrough_titles_come_from_the_specs():
+    """The navigation lists every spec's preset walkthrough, under the spec's title, in spec order."""
+    from workbench.algorithms import walkthroughs
+    from workbench.ui.labs import LAB_PAGES
 
-    assert WALKTHROUGH_TITLES == {key: w.title for key, w in WALKTHROUGHS.items()}
+    pages = {url: title for _, title, url in LAB_PAGES}
+    expected = {f"walkthrough-{key.replace('_', '-')}": f"Walkthrough: {w.title}" for key, (_, w) in walkthroughs().items()}
+    assert {u: t for u, t in pages.items() if u in expected} == expected
+    assert list(expected) == ["walkthrough-grpo", "walkthrough-dr-grpo", "walkthrough-rloo", "walkthrough-reinforce-pp",
+                              "walkthrough-ppo", "walkthrough-gspo", "walkthrough-cispo"]
 
 
 def test_opening_a_page_by_its_address_opens_it(home):

@@ -340,11 +340,11 @@ def test_known_biases_are_each_presets_own(lab_home, url, std_note):
 # ---- registry walkthroughs ------------------------------------------------------------------
 
 def test_every_registered_name_has_a_walkthrough_page():
-    """The navigation (torch-free, from core.choices) and the live registries list the same pages."""
+    """The navigation (torch-free, from the specs) and the live registries list the same pages."""
     from workbench.core import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
     from workbench.ui.labs import LAB_PAGES
     from workbench.ui.labs.estimators import component_pages
-    from workbench.ui.labs.explanations import page_url
+    from workbench.ui.labs import page_url
 
     from workbench.core import ADVANTAGE_SHAPINGS
 
@@ -372,7 +372,7 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
                                 REWARD_DTYPE, AdvantageConfig, compute_advantages, compute_policy_loss)
     from workbench.core.choices import PolicyLossConfig
     from workbench.ui.labs.estimators import explanation, knob_start
-    from workbench.ui.labs.explanations import page_url
+    from workbench.ui.labs import page_url
 
     lengths = [2, 4, 3, 1, 2, 2, 4, 3]
     mask = (torch.arange(4)[None] < torch.tensor(lengths)[:, None]).to(REWARD_DTYPE)
@@ -382,7 +382,7 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
         assert not at.exception and not at.error, (name, at.exception, [e.value for e in at.error])
         # the knobs start at the preset's values (PPO: lambda 0.95); G 4, no in-reward KL, no whitening
         start = knob_start("advantage", explanation("advantage", name))
-        cfg = AdvantageConfig(group_size=4, **{k: getattr(start, k) for k in explanation("advantage", name).knobs
+        cfg = AdvantageConfig(group_size=4, **{k: getattr(start, k) for k in explanation("advantage", name).knob_names
                                                if k not in ("group_size", "kl_coef")})
         core = compute_advantages(name, rewards, mask, cfg,
                                   values=0.5 * mask if name in CRITIC_ESTIMATORS else None,
@@ -398,7 +398,7 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
         assert not at.exception and not at.error, (name, at.exception, [e.value for e in at.error])
         logp = (old + d).requires_grad_(True)
         e = explanation("policy_loss", name)
-        cfg = PolicyLossConfig(**{k: getattr(knob_start("policy_loss", e), k) for k in e.knobs})
+        cfg = PolicyLossConfig(**{k: getattr(knob_start("policy_loss", e), k) for k in e.knob_names})
         loss, _ = compute_policy_loss(name, logp, old, adv, lmask, cfg)
         (grad,) = torch.autograd.grad(-loss.sum(), logp)
         table = _example(at)
@@ -472,12 +472,12 @@ def test_a_newly_registered_estimator_and_loss_get_their_walkthroughs(home):
 
 
 def test_ppo_lab_draws_every_loss_flagged_with_a_ratio_curve(home):
-    from workbench.core import POLICY_LOSSES
-    from workbench.ui.labs.explanations import POLICY_LOSS_EXPLANATIONS
+    from workbench.algorithms import FAMILIES
 
     at = lab("lab-ppo-regions").run()
-    flagged = [n for n in POLICY_LOSSES.names() if POLICY_LOSS_EXPLANATIONS[n].ratio_curve]
-    assert list(at.multiselect(key="ppo_losses").options) == [POLICY_LOSS_EXPLANATIONS[n].title for n in flagged]
+    specs = FAMILIES["policy_loss"].specs
+    flagged = [n for n, s in specs.items() if s.ratio_curve]
+    assert list(at.multiselect(key="ppo_losses").options) == [specs[n].title for n in flagged]
     assert set(flagged) == {"clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "gpg"}
     at.multiselect(key="ppo_losses").set_value(["sapo"]).run()
     sapo = [t for t in chart(at, "ppo_analytic")["data"] if t["name"] == "SAPO"]

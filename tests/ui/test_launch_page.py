@@ -26,7 +26,10 @@ def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
     keys = {w.key for kind in ("text_input", "selectbox", "checkbox", "multiselect") for w in getattr(at, kind)}
     variants = {"rf:algorithm.gspo_variant", "rf:algorithm.cispo_bounds", "rf:algorithm.reinforce_form",
                 "rf:algorithm.gpg_alpha"}
-    assert {s.key for s in specs} - variants <= keys  # GRPO: the other losses' variants are not shown
+    # GRPO with the clip: the knobs only other estimators / losses read (their specs say so) are not shown
+    hidden = {s.key for s in specs if not is_relevant(s, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "clip"})}
+    assert variants <= hidden and "rf:algorithm.sapo_tau_pos" in hidden and "rf:algorithm.eps_high" not in hidden
+    assert {s.key for s in specs} - hidden <= keys
     eps_low = at.text_input(key="rf:algorithm.eps_low")
     assert eps_low.value == "0.2"
     assert eps_low.help == Algorithm.model_fields["eps_low"].description
@@ -80,11 +83,23 @@ def test_algorithm_tab_shows_only_the_chosen_losss_and_estimators_options(home):
     assert not at.exception and not at.error  # hidden fields keep their values: the recipe still validates
 
 
-def test_gpg_alpha_shows_when_gpg_is_the_estimator_or_the_loss():
+def test_gpg_alpha_shows_when_gpg_is_the_estimator():
+    """gpg_alpha is the gpg estimator's knob (its spec lists it): the gpg *loss* does not read it."""
     spec = next(s for s in field_specs() if s.path == "algorithm.gpg_alpha")
     assert not is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "clip"})
     assert is_relevant(spec, {"algorithm.advantage": "gpg", "algorithm.policy_loss": "clip"})
-    assert is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gpg"})
+    assert not is_relevant(spec, {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gpg"})
+
+
+def test_the_form_shows_exactly_the_knobs_the_chosen_specs_read():
+    """Every family knob on the Algorithm tab shows iff the chosen member's spec lists it."""
+    from workbench.algorithms import FAMILIES
+
+    for loss, s in FAMILIES["policy_loss"].specs.items():
+        values = {"algorithm.advantage": "grpo", "algorithm.policy_loss": loss}
+        shown = {f.path for f in field_specs() if is_relevant(f, values)}
+        owned = {k.field for k in FAMILIES["policy_loss"].knobs()}
+        assert shown & owned == set(s.knob_fields), loss
 
 
 def test_eps_low_sits_beside_eps_high_for_every_preset():
@@ -92,6 +107,8 @@ def test_eps_low_sits_beside_eps_high_for_every_preset():
         data = load_recipe(name).to_dict()
         values = {s.path: data["algorithm"].get(s.label) for s in field_specs() if s.path.startswith("algorithm.")}
         fields = [s for s in field_specs() if s.path.startswith("algorithm.") and is_relevant(s, values)]
+        if "algorithm.eps_low" not in [s.path for s in fields]:  # a loss that reads no clip (sapo, kl_cov, gpg)
+            continue
         row = next(r for r in field_rows(fields) if "algorithm.eps_low" in [s.path for s in r])
         paths = [s.path for s in row]
         assert paths.index("algorithm.eps_high") == paths.index("algorithm.eps_low") + 1, (name, paths)
@@ -311,3 +328,16 @@ def test_path_fields_inside_the_home_and_model_names_still_work(home):
         app_path_value("model", "./nothing-here")
     planned, error = _plan(load_recipe("grpo"), [], 1, {"dataset": ["data.jsonl"]}, "local")
     assert error is None and planned[0].recipe.dataset == str(home / "data.jsonl")  # resolved in the home, not the cwd
+
+
+def test_the_form_says_when_a_knob_has_no_effect():
+    """The grpo preset trains with one update per batch: eps_low / eps_high never bite, and the form
+    says so under them (from workbench.algorithms.inert_knobs); with mu = 2 they act."""
+    from workbench.algorithms import inert_knobs
+
+    at = page("launch_page").run()
+    notes = lambda: [c.value for c in at.caption if "No effect here" in c.value]  # noqa: E731
+    reason = inert_knobs(load_recipe("grpo"))["algorithm.eps_high"]
+    assert any(reason in n for n in notes())
+    at.text_input(key="rf:train.mu").input("2").run()
+    assert not at.exception and not any("every ratio is exactly 1" in n for n in notes())

@@ -1,39 +1,47 @@
 """The names and settings of the core's families, in pure Python (no torch).
 
 The recipe validates against these, so commands that do not train (``runs list``, ``export``,
-``recipes list``) never load torch. Each name tuple lists, in order, what the matching registry
-holds once its module is imported; tests/test_recipe.py checks the two agree, so adding an
-algorithm = one registered function + its name here + a recipe file + its tests.
+``recipes list``) never load torch. The name tuples and capability sets are read from the
+algorithm specs (``workbench.algorithms``: one spec per registered function, in registry order;
+tests/test_algorithms.py checks specs and registries agree), so adding an algorithm = one
+registered function + its spec + a recipe file + its tests; nothing here changes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.algorithms import (  # noqa: F401 (re-exported: the core and the recipe read them here)
+    CISPO_BOUNDS,
+    DISTILL_MODES,
+    GPG_ALPHAS,
+    GRPO_SCALES,
+    GSPO_VARIANTS,
+    KL_PLACEMENTS,
+    REINFORCE_FORMS,
+    names,
+    with_capability,
+)
+
 from .registry import check_choice
 
-# ---- registry names (advantages.py, policy_losses.py, aggregation.py, kl.py) -----------------
-ADVANTAGE_NAMES: tuple[str, ...] = (
-    "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg")
-POLICY_LOSS_NAMES: tuple[str, ...] = (
-    "clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg")
-AGGREGATION_NAMES: tuple[str, ...] = (
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm")
-KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
+# ---- registry names (advantages.py, policy_losses.py, aggregation.py, kl.py, distillation.py) --
+ADVANTAGE_NAMES: tuple[str, ...] = names("advantage")
+POLICY_LOSS_NAMES: tuple[str, ...] = names("policy_loss")
+AGGREGATION_NAMES: tuple[str, ...] = names("aggregation")
+KL_ESTIMATOR_NAMES: tuple[str, ...] = names("kl_estimator")
+#: Names registered in core.distillation.ADVANTAGE_SHAPINGS.
+SHAPING_NAMES: tuple[str, ...] = names("shaping")
 
-# ---- advantage estimators (advantages.py) -----------------------------------------------------
-GRPO_SCALES: tuple[str, ...] = ("group", "batch", "none")
-# GPG's batch rescaling alpha (advantages.gpg_advantages): the paper's B / (B - M), verl's
-# B / (rewards != 0), or none.
-GPG_ALPHAS: tuple[str, ...] = ("paper", "verl", "none")
-TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+# ---- advantage estimators' capabilities (advantages.py) ----------------------------------------
+TOKEN_LEVEL_ESTIMATORS: frozenset[str] = with_capability("advantage", level="token")
 # Estimators whose baseline is the other completions of the prompt's group: they need G >= 2.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk", "gpg"})
+GROUP_ESTIMATORS: frozenset[str] = with_capability("advantage", needs_groups=True)
 # Estimators that read a critic's values (B, T).
-CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
+CRITIC_ESTIMATORS: frozenset[str] = with_capability("advantage", needs_critic=True)
 # Estimators that read a per-completion baseline reward (B,) supplied by the caller: ReMax's is the
 # reward of one greedy completion of the same prompt (an extra rollout per prompt).
-BASELINE_ESTIMATORS: frozenset[str] = frozenset({"remax"})
+BASELINE_ESTIMATORS: frozenset[str] = with_capability("advantage", needs_baseline_rollout=True)
 # How several reward functions' scores (B, F) become one reward per completion (``combine_rewards``).
 MULTI_REWARD_MODES: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")
 
@@ -43,14 +51,6 @@ IS_MODES: tuple[str, ...] = ("truncate", "mask")
 # The recipe's ``algorithm.rollout_correction``: off, or "{level}_{mode}" (TRL's
 # ``vllm_importance_sampling_mode`` spelling: token_truncate, token_mask, sequence_truncate, sequence_mask).
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", *(f"{level}_{mode}" for level in IS_LEVELS for mode in IS_MODES))
-
-# ---- KL (kl.py) ---------------------------------------------------------------------------------
-KL_PLACEMENTS: tuple[str, ...] = ("in_reward", "in_loss")
-
-# ---- policy losses (policy_losses.py) -----------------------------------------------------------
-GSPO_VARIANTS: tuple[str, ...] = ("sequence", "token")
-CISPO_BOUNDS: tuple[str, ...] = ("relative", "absolute")
-REINFORCE_FORMS: tuple[str, ...] = ("logp", "ratio")
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,3 @@ class PolicyLossConfig:
             raise ValueError(f"clip_cov_lb={self.clip_cov_lb} must be less than clip_cov_ub={self.clip_cov_ub}")
         if self.kl_cov_coef < 0:
             raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
-
-#: On-policy distillation (core.distillation): shaped = slime OPD, the teacher term added to the
-#: estimator's advantage; only = pure distillation (Thinking Machines), the reward advantage dropped.
-DISTILL_MODES = ("shaped", "only")
-#: Names registered in core.distillation.ADVANTAGE_SHAPINGS (torch-free mirror for the navigation).
-SHAPING_NAMES = ("opd",)

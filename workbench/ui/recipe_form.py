@@ -22,6 +22,7 @@ import streamlit as st
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from workbench.algorithms import FAMILIES, inert_knobs
 from workbench.engine.rewards import app_reward_choices
 from workbench.engine.tasks import TASKS
 from workbench.home import confined_path
@@ -326,31 +327,26 @@ def sweep_values_help(spec: FieldSpec) -> str:
     return f"Comma-separated values (YAML: 0.2, 0.28 or token-mean, seq-mean-token-mean).{choices} {spec.help}"
 
 
-# An algorithm *choice* named after one member of a family ("gspo_variant", "cispo_bounds",
-# "grpo_scale", "reinforce_form") picks a variant of that member and is read only when it is
-# chosen; the member is found among the registered names of the switch fields (policy loss
-# first: 'reinforce' names a policy loss and an advantage estimator).
-_SWITCHES = ("algorithm.policy_loss", "algorithm.advantage")
-
-
-def field_owner(spec: FieldSpec) -> tuple[str, str] | None:
-    """(choice field path, registered name) that ``spec`` belongs to, or None (always relevant)."""
-    if not spec.path.startswith("algorithm.") or spec.kind != "choice":
-        return None
-    for switch in _SWITCHES:
-        names = _NAMED_CHOICES[switch.rsplit(".", 1)[1]]()
-        for name in sorted(names, key=len, reverse=True):  # reinforce_pp before reinforce
-            if spec.label.startswith(name + "_"):
-                return switch, name
-    return None
+# The knob fields each family switch on the Algorithm tab decides about: {switch path: family}.
+_SWITCHES = {f.switch: f for f in FAMILIES.values() if f.switch.startswith("algorithm.")}
 
 
 def is_relevant(spec: FieldSpec, values: dict[str, Any]) -> bool:
-    """Whether the form should show ``spec`` given the current widget values by path: a variant
-    field shows when any switch picks its member ('gpg' names a loss and an estimator, and
-    gpg_alpha belongs to the estimator)."""
-    owner = field_owner(spec)
-    return owner is None or any(values.get(switch) == owner[1] for switch in _SWITCHES)
+    """Whether the form should show ``spec`` given the current widget values by path: a knob of
+    a family (its spec lists it) shows only while the chosen member reads it (gspo_variant with
+    policy_loss=gspo, gpg_alpha with advantage=gpg, sapo_tau_* with sapo). Other fields always show."""
+    for switch, family in _SWITCHES.items():
+        chosen = family.specs.get(values.get(switch))
+        owned = {k.field for k in family.knobs() if not k.shared}
+        if chosen is not None and spec.path in owned and spec.path not in chosen.knob_fields:
+            return False
+    return True
+
+
+def inert_notes(recipe: Recipe | None) -> dict[str, str]:
+    """Field path -> why it has no effect under ``recipe``'s settings (workbench.algorithms.inert_knobs;
+    {} while the form does not validate)."""
+    return inert_knobs(recipe) if recipe is not None else {}
 
 
 def field_rows(specs: list[FieldSpec], width: int = 3) -> list[list[FieldSpec]]:
@@ -400,7 +396,7 @@ def load_into_form(recipe: Recipe) -> None:
     st.session_state["rf:draft"] = data
 
 
-def _widget(spec: FieldSpec, error: str | None) -> None:
+def _widget(spec: FieldSpec, error: str | None, inert: str | None = None) -> None:
     label, key, help_ = spec.label, spec.key, spec.help
     if spec.kind == "choice":
         st.selectbox(label, spec.choices, key=key, help=help_)
@@ -412,6 +408,8 @@ def _widget(spec: FieldSpec, error: str | None) -> None:
     else:
         placeholder = "None" if spec.optional else None
         st.text_input(label, key=key, help=help_, placeholder=placeholder)
+    if inert:
+        st.caption(f":material/block: No effect here: {inert}.")
     if error:
         st.error(error, icon=":material/error:")
 
@@ -427,6 +425,7 @@ def render_form(base: Recipe) -> tuple[Recipe | None, dict[str, str]]:
     raw = {spec.path: st.session_state[spec.key] for spec in specs}
     recipe, errors = validate_form(raw, base)
     st.session_state["rf:draft"] = {**base.to_dict(), **(recipe.to_dict() if recipe else draft)}
+    inert = inert_notes(recipe)
 
     top = [s for s in specs if "." not in s.path]
     cols = st.columns(2)
@@ -444,7 +443,7 @@ def render_form(base: Recipe) -> tuple[Recipe | None, dict[str, str]]:
             for row in field_rows(fields):
                 for col, spec in zip(st.columns(3), row):
                     with col:
-                        _widget(spec, errors.get(spec.path))
+                        _widget(spec, errors.get(spec.path), inert.get(spec.path))
     if errors.get(""):
         st.error(errors[""], icon=":material/error:")
     return recipe, errors

@@ -11,14 +11,25 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from workbench.core.choices import ADVANTAGE_NAMES, POLICY_LOSS_NAMES, SHAPING_NAMES
-from workbench.ui.labs.explanations import page_title, page_url
+from workbench.algorithms import FAMILIES, names, walkthroughs
 
-# Estimator walkthroughs: key -> title, in page order. ui/labs/estimators.py's WALKTHROUGHS holds
-# the same keys and titles with the core functions (torch); tests/ui/test_app.py checks they agree.
-WALKTHROUGH_TITLES: dict[str, str] = {"grpo": "GRPO", "dr_grpo": "Dr. GRPO", "rloo": "RLOO",
-                                      "reinforce_pp": "REINFORCE++", "ppo": "PPO with GAE", "gspo": "GSPO",
-                                      "cispo": "CISPO"}
+# Preset walkthroughs: key -> title, in page order, from the specs that carry them.
+WALKTHROUGH_TITLES: dict[str, str] = {key: w.title for key, (_, w) in walkthroughs().items()}
+# Families with one walkthrough page per registered name (render_component has a worked example for them).
+COMPONENT_FAMILIES: tuple[str, ...] = ("advantage", "policy_loss", "shaping")
+
+
+def title_of(family: str, name: str) -> str:
+    """The page title of a registered name (its spec's title, else the name itself)."""
+    return FAMILIES[family].specs[name].title if name in FAMILIES[family].specs else name
+
+
+def page_url(family: str, name: str) -> str:
+    return f"walkthrough-{FAMILIES[family].slug}-{name.replace('_', '-')}"
+
+
+def page_title(family: str, name: str) -> str:
+    return f"{FAMILIES[family].label} walkthrough: {title_of(family, name)}"
 
 
 def _lazy(module: str, function: str = "render", *args: str) -> Callable[[], None]:
@@ -30,11 +41,10 @@ def _lazy(module: str, function: str = "render", *args: str) -> Callable[[], Non
     return render
 
 
-# One walkthrough per registered advantage estimator and policy loss, from the torch-free mirror
-# of the registries (core/choices.py; tests/test_recipe.py checks it equals the registries), all
-# rendered by the one template estimators.render_component.
-REGISTERED_NAMES: dict[str, tuple[str, ...]] = {"advantage": ADVANTAGE_NAMES, "policy_loss": POLICY_LOSS_NAMES,
-                                                "shaping": SHAPING_NAMES}
+# One walkthrough per registered advantage estimator, policy loss and shaping, from the specs
+# (tests/test_algorithms.py checks they equal the registries), all rendered by the one template
+# estimators.render_component.
+REGISTERED_NAMES: dict[str, tuple[str, ...]] = {family: names(family) for family in COMPONENT_FAMILIES}
 
 LAB_PAGES: list[tuple[Callable[[], None], str, str]] = [
     (_lazy("ppo_regions"), "PPO clip regions", "lab-ppo-regions"),

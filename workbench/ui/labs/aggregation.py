@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench.core import POLICY_LOSSES, PolicyLossConfig
+from workbench.algorithms import names
+from workbench.core import PolicyLossConfig
 from workbench.recipe import load_recipe
+from workbench.ui.labs import title_of
 from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
-from workbench.ui.labs.explanations import title_of
 from workbench.viz import lab_aggregation as viz
 
 BOOK_TEXT = "2, 2, 2, 2\n2, 2, 2, 2, 2, 2, 2"
@@ -46,7 +47,7 @@ def _with_a_policy_loss(seqs: list[list[float]], max_len: int) -> None:
     st.markdown("**Through a policy loss.** The numbers above as the tokens' advantages A, through any registered "
                 "policy loss and then each aggregation: dJ / d log pi per token.")
     c1, c2 = st.columns(2)
-    loss = c1.selectbox("Policy loss", POLICY_LOSSES.names(), format_func=lambda n: f"{title_of('policy_loss', n)} ({n})",
+    loss = c1.selectbox("Policy loss", names("policy_loss"), format_func=lambda n: f"{title_of('policy_loss', n)} ({n})",
                         key="agg_loss")
     log_ratio = c2.slider("log-ratio log(pi / pi_old) of every token", -1.0, 1.0, 0.0, 0.05, key="agg_log_ratio")
     table = viz.loss_gradient_table(loss, seqs, max_len, PolicyLossConfig(), log_ratio)

@@ -4,7 +4,7 @@
   project's own implementation (``inspect.getsource``), editable inputs with the advantages of
   *all* estimators side by side, the known biases as worked examples, and a launch button;
 - per registry name (``render_component``): every advantage estimator and policy loss registered
-  in ``workbench.core`` gets its page from its ``explanations`` entry (equations, what it fixes,
+  in ``workbench.core`` gets its page from its spec in ``workbench.algorithms`` (equations, what it fixes,
   framework names, notes) or, for a name registered later without one, from its docstring and
   the ``cfg.<field>`` its source reads; its knobs as widgets, and a worked example computed by
   the registered function itself on a small editable batch.
@@ -21,30 +21,27 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from workbench.algorithms import FAMILIES, Knob, Spec, resolve, spec as spec_of, walkthroughs
 from workbench.core import (
     ADVANTAGE_ESTIMATORS,
-    BASELINE_ESTIMATORS,
-    CRITIC_ESTIMATORS,
-    GPG_ALPHAS,
-    GRPO_SCALES,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     AdvantageConfig,
     PolicyLossConfig,
-    advantages as core_adv,
-    policy_losses as core_pl,
 )
-from workbench.core.choices import CISPO_BOUNDS, DISTILL_MODES, GSPO_VARIANTS, REINFORCE_FORMS
 from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig
 from workbench.recipe import Algorithm, Sampling, Teacher, load_recipe
+from workbench.ui.labs import page_title, page_url
 from workbench.ui.labs._shared import launch_button
-from workbench.ui.labs.explanations import EXPLANATIONS, Explanation, page_title, page_url
 from workbench.viz import lab_estimators as viz
 from workbench.viz import lab_regions
 
 
 @dataclass(frozen=True)
 class Walkthrough:
+    """A preset walkthrough page, assembled from the specs: the walkthrough entry of its spec
+    (title, summary, input block, biases) and the equations of every spec its preset composes."""
+
     key: str
     title: str
     preset: str
@@ -56,44 +53,23 @@ class Walkthrough:
     extra_overrides: tuple[str, ...] = field(default_factory=tuple)
 
 
-GRPO_EQ = r"A_i = \frac{r_i - \operatorname{mean}(r_{1..G})}{\operatorname{std}(r_{1..G}) + \varepsilon}"
-CLIP_EQ = (r"J(\theta) = \frac{1}{G}\sum_i \frac{1}{|o_i|}\sum_t \min\big(\rho_{i,t} A_i,\ "
-           r"\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_i\big) - \beta\, \mathrm{KL}_t")
+# The families a preset composes, in the order its walkthrough shows their equations.
+COMPOSED = ("advantage", "policy_loss", "aggregation")
 
-WALKTHROUGHS: dict[str, Walkthrough] = {w.key: w for w in (
-    Walkthrough("grpo", "GRPO", "grpo", (GRPO_EQ, CLIP_EQ),
-                (core_adv.grpo_advantages, core_pl.clip_policy_loss, core_pl.clipped_objective),
-                "Group-standardised rewards (DeepSeekMath, Shao et al. 2024), PPO clip, per-sequence mean, k3 KL in the loss.",
-                biases=("std", "length")),
-    Walkthrough("dr_grpo", "Dr. GRPO", "dr_grpo",
-                (r"A_i = r_i - \operatorname{mean}(r_{1..G})",
-                 r"L = \frac{1}{B\, L_{max}} \sum_i \sum_t \ell_{i,t} \quad\text{(seq-mean-token-sum-norm)}"),
-                (core_adv.grpo_advantages,),
-                "GRPO without the std and the 1/|o_i| normalisations (Liu et al. 2025).", biases=("std", "length")),
-    Walkthrough("rloo", "RLOO", "rloo",
-                (r"A_i = r_i - \frac{1}{G-1}\sum_{j \ne i} r_j = \frac{G}{G-1}\big(r_i - \operatorname{mean}(r)\big)",),
-                (core_adv.rloo_advantages,),
-                "Leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024); KL folded into the reward."),
-    Walkthrough("reinforce_pp", "REINFORCE++", "reinforce_pp",
-                (r"r_t = -\beta\, \mathrm{KL}_t + [t = |o|]\, r", r"G_t = \sum_{l \ge 0} \gamma^l r_{t+l}",
-                 r"A_t = \frac{G_t - \operatorname{mean}_{batch}(G)}{\operatorname{std}_{batch}(G)}"),
-                (core_adv.reinforce_pp_advantages, core_adv._reinforce_pp_from_sequence_rewards),
-                "Token rewards with the KL, returns-to-go, whitened over the whole batch (Hu 2025): no group baseline."),
-    Walkthrough("ppo", "PPO with GAE", "ppo",
-                (r"\delta_t = r_t + \gamma V_{t+1} - V_t", r"A_t = \sum_{l \ge 0} (\gamma\lambda)^l \delta_{t+l}",
-                 r"R_t = A_t + V_t \quad\text{(critic targets)}"),
-                (core_adv.gae_advantages,),
-                "A learned critic V and GAE (Schulman et al. 2016): per-token credit assignment.", inputs="gae"),
-    Walkthrough("gspo", "GSPO", "gspo",
-                (r"s_i = \exp\Big(\frac{1}{|o_i|}\sum_t \log\frac{\pi_\theta(o_{i,t})}{\pi_{old}(o_{i,t})}\Big)",
-                 r"J = \frac{1}{G}\sum_i \min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\varepsilon, 1+\varepsilon) A_i\big)"),
-                (core_pl.sequence_log_ratio, core_pl.gspo_policy_loss, core_pl.clipped_objective),
-                "One length-normalised sequence ratio, clipped per sequence (Zheng et al. 2025).", inputs="ratios"),
-    Walkthrough("cispo", "CISPO", "cispo",
-                (r"J = \frac{1}{\sum_i |o_i|}\sum_{i,t} \operatorname{sg}\big(\operatorname{clip}(\rho_{i,t}, 1-\varepsilon_{low}, 1+\varepsilon_{high})\big) A_i \log\pi_\theta(o_{i,t})",),
-                (core_pl.cispo_policy_loss,),
-                "Clip the importance weight, not the update: every token keeps a gradient (MiniMax-M1, 2025).", inputs="ratios"),
-)}
+
+def preset_equations(preset: str) -> tuple[str, ...]:
+    """The equations of the advantage estimator, policy loss and aggregation ``preset`` trains with."""
+    a = load_recipe(preset).algorithm
+    return tuple(eq for family in COMPOSED for eq in spec_of(family, getattr(a, family)).equations)
+
+
+def _walkthrough(owner: Spec, w) -> Walkthrough:
+    functions = tuple(resolve(path) for path in (owner.implementation, *owner.helpers, *w.helpers))
+    return Walkthrough(w.key, w.title, w.preset, preset_equations(w.preset), tuple(dict.fromkeys(functions)),
+                       w.summary, w.inputs, w.biases)
+
+
+WALKTHROUGHS: dict[str, Walkthrough] = {key: _walkthrough(owner, w) for key, (owner, w) in walkthroughs().items()}
 
 
 def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
@@ -208,7 +184,7 @@ def render_walkthrough(key: str) -> None:
         st.latex(eq)
     aggregation = LOSS_AGGREGATIONS.get(load_recipe(w.preset).algorithm.aggregation)  # the preset's, by name
     with st.expander("The implementation the engine trains with (inspect.getsource)"):
-        st.code(viz.source_of(*w.functions, aggregation), language="python")
+        st.code(viz.source_of(*dict.fromkeys((*w.functions, aggregation))), language="python")
     overrides, launchable = INPUT_BLOCKS[w.inputs](w)
     _biases(w)
     st.subheader("Try it")
@@ -241,26 +217,9 @@ PAGES: list[tuple[Callable[[], None], str, str]] = [(_page(k), f"Walkthrough: {w
 REGISTRIES: dict[str, tuple[Any, type]] = {"advantage": (ADVANTAGE_ESTIMATORS, AdvantageConfig),
                                            "policy_loss": (POLICY_LOSSES, PolicyLossConfig),
                                            "shaping": (ADVANTAGE_SHAPINGS, DistillationConfig)}
-# string knobs and their allowed values (selectboxes)
-KNOB_CHOICES: dict[str, tuple[str, ...]] = {"scale": GRPO_SCALES, "gpg_alpha": GPG_ALPHAS, "gspo_variant": GSPO_VARIANTS,
-                                            "cispo_bounds": CISPO_BOUNDS, "reinforce_form": REINFORCE_FORMS,
-                                            "mode": DISTILL_MODES}
-# DistillationConfig field -> the recipe key that sets it
-SHAPING_RECIPE_KEYS: dict[str, str] = {"coef": "teacher.kl_coef", "discount": "teacher.kl_discount", "mode": "teacher.mode"}
-# AdvantageConfig field -> the recipe key that sets it (PolicyLossConfig fields are algorithm.<same name>)
-ADVANTAGE_RECIPE_KEYS: dict[str, str] = {"group_size": "sampling.num_generations", "scale": "algorithm.grpo_scale",
-                                         "eps": "algorithm.adv_eps", "gamma": "algorithm.gamma", "lam": "algorithm.lam",
-                                         "kl_coef": "algorithm.kl_coef", "whiten": "algorithm.whiten_advantages",
-                                         "gpg_alpha": "algorithm.gpg_alpha"}
 # knobs the worked example does not offer as widgets: G has its own input; an in-reward KL needs a
 # KL per token, which the example has no policy for (the table lists them all the same)
 EXAMPLE_FIXED = frozenset({"group_size", "kl_coef"})
-
-
-def recipe_key(family: str, knob: str) -> str:
-    if family == "shaping":
-        return SHAPING_RECIPE_KEYS[knob]
-    return ADVANTAGE_RECIPE_KEYS.get(knob, f"algorithm.{knob}") if family == "advantage" else f"algorithm.{knob}"
 
 
 def knob_meaning(key: str) -> str:
@@ -271,23 +230,31 @@ def knob_meaning(key: str) -> str:
     return (info.description or "") if info else ""
 
 
-def explanation(family: str, name: str) -> Explanation:
-    """The name's explanation entry, or one made from its registered function: the docstring's
-    first paragraph as what it does, the config fields its source reads as its knobs."""
+def _knob_for(family: str, name: str) -> Knob:
+    """The family's knob setting config attribute ``name`` (a name no spec lists: algorithm.<name>)."""
+    known = {k.name: k for k in FAMILIES[family].knobs()}
+    return known.get(name) or Knob(f"algorithm.{name}")
+
+
+def explanation(family: str, name: str) -> Spec:
+    """The name's spec, or, for a name registered without one (e.g. by a test), one made from its
+    registered function: the docstring's first paragraph as what it does, the config fields its
+    source reads as its knobs."""
     registry, config_class = REGISTRIES[family]
     fn = registry.get(name)  # UnknownNameError listing the registered names
-    if name in EXPLANATIONS[family]:
-        return EXPLANATIONS[family][name]
+    if name in FAMILIES[family].specs:
+        return FAMILIES[family].specs[name]
     doc = inspect.getdoc(fn) or "(no docstring)"
-    return Explanation(name, (), doc.split("\n\n")[0], "", viz.knobs_read(fn, config_class))
+    knobs = tuple(_knob_for(family, k) for k in viz.knobs_read(fn, config_class))
+    return Spec(family, name, name, f"{fn.__module__}:{fn.__name__}", (), doc.split("\n\n")[0], "", knobs)
 
 
-def knobs_table(family: str, e: Explanation) -> list[dict]:
+def knobs_table(family: str, e: Spec) -> list[dict]:
     """One row per knob; "value" is what the worked example starts from (``knob_start``: the
     preset's recipe, e.g. group_size = its num_generations), not the config class's bare default."""
     start = knob_start(family, e)
-    return [{"knob": k, "recipe key": recipe_key(family, k), "value": str(getattr(start, k)),
-             "what it does": knob_meaning(recipe_key(family, k))} for k in e.knobs]
+    return [{"knob": k.name, "recipe key": k.field, "value": str(getattr(start, k.name)),
+             "what it does": k.help or knob_meaning(k.field)} for k in e.knobs]
 
 
 def _parse_optional(text: str, kind: type, label: str):
@@ -300,7 +267,7 @@ def _parse_optional(text: str, kind: type, label: str):
         raise ValueError(f"{label}={text!r}: expected a number or empty (none)") from None
 
 
-def knob_start(family: str, e: Explanation) -> Any:
+def knob_start(family: str, e: Spec) -> Any:
     """The config the example starts from: its preset's (GMPO's eps 0.4, PPO's lambda 0.95), or
     the config class's defaults for a name no preset trains with."""
     if e.preset is None:
@@ -310,17 +277,18 @@ def knob_start(family: str, e: Explanation) -> Any:
             "shaping": recipe.distillation_config}[family]()
 
 
-def _knob_widgets(family: str, name: str, e: Explanation) -> dict[str, Any]:
+def _knob_widgets(family: str, name: str, e: Spec) -> dict[str, Any]:
     """One widget per knob (type from the config field), starting at ``knob_start``. -> {field:
     value}; ValueError naming the knob for a value that does not parse."""
     fields = {f.name: f for f in dataclasses.fields(REGISTRIES[family][1])}
     start = knob_start(family, e)
-    knobs = [k for k in e.knobs if k not in EXAMPLE_FIXED]
+    knobs = [k for k in e.knobs if k.name not in EXAMPLE_FIXED]
     values: dict[str, Any] = {}
-    for col, knob in zip(st.columns(max(len(knobs), 1)), knobs):
+    for col, k in zip(st.columns(max(len(knobs), 1)), knobs):
+        knob = k.name
         f, key, value = fields[knob], f"wt_{name}_{knob}", getattr(start, knob)
-        if knob in KNOB_CHOICES:
-            values[knob] = col.selectbox(knob, KNOB_CHOICES[knob], index=KNOB_CHOICES[knob].index(value), key=key)
+        if k.choices:
+            values[knob] = col.selectbox(knob, k.choices, index=k.choices.index(value), key=key)
         elif isinstance(f.default, bool):
             values[knob] = col.checkbox(knob, value=value, key=key)
         elif f.default is None:
@@ -339,10 +307,11 @@ def _advantage_example(name: str, knobs: dict[str, Any]) -> list[str]:
     ltext = c2.text_input("Completion lengths (tokens)", "2, 4, 3, 1, 2, 2, 4, 3", key=f"wt_{name}_lengths")
     G = int(c3.number_input("G", 1, 64, 4, key=f"wt_{name}_G"))
     extra = {}
-    if name in CRITIC_ESTIMATORS:
+    estimator = FAMILIES["advantage"].specs.get(name)
+    if estimator is not None and estimator.needs_critic:
         extra["values"] = st.text_input("Critic value V on every token of each completion", "0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5",
                                         key=f"wt_{name}_values")
-    if name in BASELINE_ESTIMATORS:
+    if estimator is not None and estimator.needs_baseline_rollout:
         extra["baselines"] = st.text_input("Baseline reward of each completion (ReMax: its prompt's greedy completion, "
                                            "repeated over the group)", "0, 0, 0, 0, 1, 1, 1, 1", key=f"wt_{name}_baselines")
     rewards = viz.parse_numbers(rtext, "rewards")
@@ -356,7 +325,7 @@ def _advantage_example(name: str, knobs: dict[str, Any]) -> list[str]:
     return [f"sampling.num_generations={G}"]
 
 
-def _policy_loss_example(name: str, e: Explanation, knobs: dict[str, Any]) -> list[str]:
+def _policy_loss_example(name: str, e: Spec, knobs: dict[str, Any]) -> list[str]:
     """Editable log-ratios -> the loss, region and gradient of every token. Returns recipe overrides."""
     c1, c2 = st.columns([3, 1])
     text = c1.text_area("Per-token log-ratios log(pi / pi_old), one sequence per line", "0.0, 0.1, 0.5\n-0.3, -0.05, 0.2, 1.0",
@@ -400,7 +369,7 @@ EXAMPLES: dict[str, Callable[..., list[str]]] = {
 }
 
 
-def _launch_component(family: str, name: str, e: Explanation, knobs: dict[str, Any], overrides: list[str]) -> None:
+def _launch_component(family: str, name: str, e: Spec, knobs: dict[str, Any], overrides: list[str]) -> None:
     st.subheader("Try it")
     if e.launch_note:
         st.caption(e.launch_note)
@@ -409,7 +378,7 @@ def _launch_component(family: str, name: str, e: Explanation, knobs: dict[str, A
     base = e.preset or "grpo"
     chosen = [f"algorithm.{axis}={name}"] if family != "shaping" else []  # the preset carries its teacher
     sets = [*chosen, *overrides,
-            *[f"{recipe_key(family, k)}={'null' if v is None else v}" for k, v in knobs.items()], "train.steps=20"]
+            *[f"{_knob_for(family, k).field}={'null' if v is None else v}" for k, v in knobs.items()], "train.steps=20"]
     try:
         recipe = load_recipe(base, sets)
     except ValueError as err:
@@ -429,8 +398,8 @@ def render_component(family: str, name: str) -> None:
     for eq in e.equations:
         st.latex(eq)
     st.markdown(f"**What it fixes.** {e.fixes}")
-    if e.names:
-        st.markdown(f"**In the frameworks.** {e.names}")
+    if e.frameworks:
+        st.markdown(f"**In the frameworks.** {e.frameworks}")
     if e.knobs:
         st.dataframe(knobs_table(family, e), hide_index=True, key=f"wt_{name}_knobs")
     if e.notes:

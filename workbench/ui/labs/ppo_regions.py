@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench.core import POLICY_LOSSES, PolicyLossConfig
+from workbench.algorithms import FAMILIES
+from workbench.core import PolicyLossConfig
 from workbench.recipe import load_recipe
+from workbench.ui.labs import title_of
 from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
-from workbench.ui.labs.explanations import POLICY_LOSS_EXPLANATIONS, title_of
 from workbench.viz import lab_regions as viz
 
 DEFAULT_CURVES = ("clip", "gspo", "cispo", "sapo", "gmpo")
 
 
 def ratio_curve_losses() -> list[str]:
-    """Registered policy losses flagged ``ratio_curve`` in their explanation, in registry order."""
-    return [n for n in POLICY_LOSSES.names() if (e := POLICY_LOSS_EXPLANATIONS.get(n)) is not None and e.ratio_curve]
+    """Policy losses whose spec has ``ratio_curve`` (a token's loss is a function of its ratio alone), in registry order."""
+    return [n for n, s in FAMILIES["policy_loss"].specs.items() if s.ratio_curve]
 
 
 def _analytic() -> None:
