@@ -184,6 +184,16 @@ class Algorithm(_Section):
     """KL-Cov penalty coefficient (verl 0.9.1 ppo_kl_coef 0.1)."""
     cov_seed: int | None = Field(None, ge=0, le=MAX_SEED)
     """Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); an int = a fixed seed."""
+    vespo_k_pos: float = Field(2.0, ge=0, le=MAX_COEF)
+    """VESPO (policy_loss=vespo) power k of its Gamma weight for A >= 0 (TRL vespo_k_pos 2): larger cuts sequences whose ratio fell below 1 harder."""
+    vespo_lambda_pos: float = Field(3.0, gt=0, le=MAX_COEF)
+    """VESPO decay lambda for A >= 0 (TRL vespo_lambda_pos 3): larger cuts sequences whose ratio grew above 1 harder."""
+    vespo_k_neg: float = Field(3.0, ge=0, le=MAX_COEF)
+    """VESPO power k for A < 0 (TRL vespo_k_neg 3)."""
+    vespo_lambda_neg: float = Field(2.0, gt=0, le=MAX_COEF)
+    """VESPO decay lambda for A < 0 (TRL vespo_lambda_neg 2)."""
+    dro_beta: float | None = Field(None, gt=0, le=MAX_COEF)
+    """DRO (policy_loss=dro) quadratic log-ratio penalty beta (verl policy_loss.dro_beta; no default: required by dro)."""
     aggregation: str = "seq-mean-token-mean"
     """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: TRL, verl >= 0.9), token-sum-norm (verl < 0.9's Dr. GRPO: / L_max only)."""
     kl_coef: float = Field(0.0, ge=0, le=MAX_COEF)

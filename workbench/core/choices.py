@@ -14,26 +14,33 @@ from .registry import check_choice
 
 # ---- registry names (advantages.py, policy_losses.py, aggregation.py, kl.py) -----------------
 ADVANTAGE_NAMES: tuple[str, ...] = (
-    "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg")
+    "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg",
+    "optimal_token_baseline", "tir_optimal_token_baseline")
 POLICY_LOSS_NAMES: tuple[str, ...] = (
-    "clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg")
+    "clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "gpg",
+    "luspo", "vespo", "dro")
 AGGREGATION_NAMES: tuple[str, ...] = (
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm")
-KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3")
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum-norm", "token-sum")
+KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k2", "k3", "abs", "k1+", "k3+", "abs+")
 
 # ---- advantage estimators (advantages.py) -----------------------------------------------------
 GRPO_SCALES: tuple[str, ...] = ("group", "batch", "none")
 # GPG's batch rescaling alpha (advantages.gpg_advantages): the paper's B / (B - M), verl's
 # B / (rewards != 0), or none.
 GPG_ALPHAS: tuple[str, ...] = ("paper", "verl", "none")
-TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+TOKEN_LEVEL_ESTIMATORS: frozenset[str] = frozenset(
+    {"reinforce_pp", "reinforce_pp_baseline", "gae", "optimal_token_baseline", "tir_optimal_token_baseline"})
 # Estimators whose baseline is the other completions of the prompt's group: they need G >= 2.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk", "gpg"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk", "gpg",
+                                              "optimal_token_baseline", "tir_optimal_token_baseline"})
 # Estimators that read a critic's values (B, T).
 CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
 # Estimators that read a per-completion baseline reward (B,) supplied by the caller: ReMax's is the
 # reward of one greedy completion of the same prompt (an extra rollout per prompt).
 BASELINE_ESTIMATORS: frozenset[str] = frozenset({"remax"})
+# Estimators that read the policy's own statistics of the sampled tokens (B, T), supplied by the
+# caller: the old log-probs and sum_v pi_v^2 (from the logits), optionally the rollout IS weights.
+POLICY_STAT_ESTIMATORS: frozenset[str] = frozenset({"optimal_token_baseline", "tir_optimal_token_baseline"})
 # How several reward functions' scores (B, F) become one reward per completion (``combine_rewards``).
 MULTI_REWARD_MODES: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")
 
@@ -43,6 +50,11 @@ IS_MODES: tuple[str, ...] = ("truncate", "mask")
 # The recipe's ``algorithm.rollout_correction``: off, or "{level}_{mode}" (TRL's
 # ``vllm_importance_sampling_mode`` spelling: token_truncate, token_mask, sequence_truncate, sequence_mask).
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", *(f"{level}_{mode}" for level in IS_LEVELS for mode in IS_MODES))
+# verl's rollout rejection sampling (``rollout_rs``): "{token|seq_sum|seq_mean|seq_max}_{k1|k2|k3}"
+# without seq_max_k1, in verl 0.9.1's SUPPORTED_ROLLOUT_RS_OPTIONS order (correction.rejection_mask).
+REJECTION_MODES: tuple[str, ...] = (
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 # ---- KL (kl.py) ---------------------------------------------------------------------------------
 KL_PLACEMENTS: tuple[str, ...] = ("in_reward", "in_loss")
@@ -87,6 +99,13 @@ class PolicyLossConfig:
     cov_seed: Clip-Cov draws its tokens at random (verl: ``torch.randperm``). None draws from
         torch's global generator (seeded by the run, so runs repeat and steps differ); an int
         draws from a generator seeded with it (exactly reproducible, e.g. for tests).
+    vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO's Gamma weight
+        phi(w) = e^lambda w^k e^(-lambda w) of the sequence ratio w (TRL ``vespo_k_pos`` ... with
+        TRL 1.16's defaults 2 / 3 for A >= 0 and 3 / 2 for A < 0). k (>= 0) sets how fast phi falls
+        as w drops below 1, lambda (> 0) how fast it falls as w grows above 1; phi(1) = 1.
+    dro_beta: DRO's quadratic log-ratio penalty (verl ``policy_loss.dro_beta``, which has no
+        default and must be > 0 when loss_mode is "dro"); None = unset, which ``dro`` refuses.
+    For ``luspo`` eps_low / eps_high clip the sequence ratio as for ``gspo``.
     For ``gmpo`` eps_low / eps_high bound the token *log*-ratio (GMPO paper: 0.4); for
     ``dppo_tv`` / ``dppo_kl`` they are the divergence thresholds (DPPO: TV 0.15, KL 0.05) and
     clip_c truncates the detached ratio (unset: DPPO_TIS_CAP = 3, verl's clip_ratio_c).
@@ -107,6 +126,11 @@ class PolicyLossConfig:
     kl_cov_ratio: float = 2e-4
     kl_cov_coef: float = 0.1
     cov_seed: int | None = None
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    dro_beta: float | None = None
 
     def __post_init__(self) -> None:
         if self.eps_low < 0 or self.eps_high < 0:
@@ -127,6 +151,14 @@ class PolicyLossConfig:
             raise ValueError(f"clip_cov_lb={self.clip_cov_lb} must be less than clip_cov_ub={self.clip_cov_ub}")
         if self.kl_cov_coef < 0:
             raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
+        for name in ("vespo_k_pos", "vespo_k_neg"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (phi = w^k e^(lambda (1 - w)) would grow without bound as w -> 0)")
+        for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        if self.dro_beta is not None and not self.dro_beta > 0:
+            raise ValueError(f"dro_beta={self.dro_beta} must be > 0")
 
 #: On-policy distillation (core.distillation): shaped = slime OPD, the teacher term added to the
 #: estimator's advantage; only = pure distillation (Thinking Machines), the reward advantage dropped.
