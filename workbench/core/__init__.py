@@ -13,10 +13,11 @@ import importlib
 # ``registry`` modules, and commands that do not train never load torch.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "advantages": ("ADVANTAGE_ESTIMATORS", "REWARD_DTYPE", "AdvantageConfig", "Advantages", "combine_rewards",
-                   "compute_advantages", "equal_groups", "kl_shaped_sequence_rewards", "token_level_rewards"),
+                   "compute_advantages", "equal_groups", "kl_shaped_sequence_rewards", "path_variance",
+                   "sum_pi_squared_from_logits", "token_level_rewards"),
     "aggregation": ("LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers"),
     "choices": ("BASELINE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GPG_ALPHAS", "GRPO_SCALES", "DISTILL_MODES", "IS_LEVELS", "IS_MODES",
-                "MULTI_REWARD_MODES", "TOKEN_LEVEL_ESTIMATORS", "KL_PLACEMENTS", "PolicyLossConfig"),
+                "MULTI_REWARD_MODES", "POLICY_STAT_ESTIMATORS", "REJECTION_MODES", "TOKEN_LEVEL_ESTIMATORS", "KL_PLACEMENTS", "PolicyLossConfig"),
     "correction": ("rollout_correction",),
     "distillation": ("ADVANTAGE_SHAPINGS", "DistillationConfig", "distillation_metrics", "opd_advantages",
                      "reverse_kl_per_token", "shape_advantages"),
