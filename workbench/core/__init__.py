@@ -18,7 +18,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "aggregation": ("LOSS_AGGREGATIONS", "aggregate_loss", "batch_normalizers"),
     "choices": ("BASELINE_ESTIMATORS", "CRITIC_ESTIMATORS", "GROUP_ESTIMATORS", "GPG_ALPHAS", "GRPO_SCALES", "DISTILL_MODES", "IS_LEVELS", "IS_MODES",
                 "MULTI_REWARD_MODES", "POLICY_STAT_ESTIMATORS", "REJECTION_MODES", "TOKEN_LEVEL_ESTIMATORS", "KL_PLACEMENTS", "PolicyLossConfig"),
-    "correction": ("rollout_correction",),
+    "correction": ("REJECTIONS", "batch_normalize_is_weights", "rejection_mask", "rollout_correction"),
     "distillation": ("ADVANTAGE_SHAPINGS", "DistillationConfig", "distillation_metrics", "opd_advantages",
                      "reverse_kl_per_token", "shape_advantages"),
     "diagnostics": ("length_metrics", "reward_function_metrics", "reward_metrics", "terminated_length_metrics",
