@@ -15,21 +15,14 @@ import torch
 
 from tests.helpers import assert_values
 from workbench.core import REGION_NAMES, PolicyLossConfig, aggregate_loss, compute_policy_loss
+from tests.core.test_policy_losses_zoo import run
 from workbench.core.policy_losses import vespo_gamma_weights
 
 TIGHT = dict(atol=1e-12, rtol=1e-12)
 
 
-def run(name, log_ratio, adv, mask=None, old=None, **cfg):
-    """Loss and d loss / d logp with logp = old + log_ratio (old = 0 unless given)."""
-    log_ratio = torch.as_tensor(log_ratio, dtype=torch.float64)
-    adv = torch.as_tensor(adv, dtype=torch.float64)
-    old = torch.zeros_like(log_ratio) if old is None else torch.as_tensor(old, dtype=torch.float64)
-    mask = torch.ones_like(log_ratio) if mask is None else torch.as_tensor(mask, dtype=torch.float64)
-    logp = (old + log_ratio).clone().requires_grad_(True)
-    loss, diag = compute_policy_loss(name, logp, old, adv, mask, PolicyLossConfig(**cfg))
-    loss.sum().backward()
-    return loss.detach(), logp.grad, diag
+def m(rows):
+    return torch.tensor(rows, dtype=torch.float64)
 
 
 def random_batch(seed, B=6, T=7, token_adv=False):
@@ -62,7 +55,7 @@ def test_luspo_hand_values_scale_the_gspo_loss_by_the_length():
     # row 1: log ratio -0.1 (one token, one pad): s = 0.9048374180, A = -1: loss = +0.9048374180, grad = -n s A
     # row 2: log ratios 0.3, 0.3 -> s = e^0.3 = 1.3498588076 > 1.2 with A = +1: clipped, loss = -2 * 1.2 A, grad 0
     loss, grad, diag = run("luspo", [[0.05, 0.15], [-0.1, 0.0], [0.3, 0.3]], [[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0]],
-                           mask=[[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+                           mask=m([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]]))
     assert_values(loss, [[-2.2103418362, -2.2103418362], [0.9048374180, 0.0], [-2.4, -2.4]], atol=1e-10)
     assert_values(grad, [[-2.2103418362, -2.2103418362], [0.9048374180, 0.0], [0.0, 0.0]], atol=1e-10)
     assert [REGION_NAMES[c] for c in diag.region[2].tolist()] == ["clipped_high", "clipped_high"]
@@ -120,7 +113,7 @@ def test_vespo_hand_values():
     # row 1, A = -2 (k 3, lambda 2): log w = 0.2, w = 1.2214027582
     #   log phi = 2 + 3 (0.2) - 2 w = 0.1571944837, phi = 1.1702231811
     #   loss = -phi A logp = 2 phi 0.2 = 0.4680892724; grad = -phi A = 2.3404463622; pad 0
-    loss, grad, diag = run("vespo", [[0.1, -0.3], [0.2, 0.5]], [[1.0, 1.0], [-2.0, -2.0]], mask=[[1, 1], [1, 0]])
+    loss, grad, diag = run("vespo", [[0.1, -0.3], [0.2, 0.5]], [[1.0, 1.0], [-2.0, -2.0]], mask=m([[1, 1], [1, 0]]))
     phi0, phi1 = 1.1546620927338898, 1.1702231810814256
     assert_values(loss, [[-0.1 * phi0, 0.3 * phi0], [0.4 * phi1, 0.0]], atol=1e-12)
     assert_values(grad, [[-phi0, -phi0], [2 * phi1, 0.0]], atol=1e-12)
