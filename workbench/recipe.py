@@ -192,8 +192,8 @@ class Algorithm(_Section):
     """VESPO power k for A < 0 (TRL vespo_k_neg 3)."""
     vespo_lambda_neg: float = Field(2.0, gt=0, le=MAX_COEF)
     """VESPO decay lambda for A < 0 (TRL vespo_lambda_neg 2)."""
-    dro_beta: float | None = Field(None, gt=0, le=MAX_COEF)
-    """DRO (policy_loss=dro) quadratic log-ratio penalty beta (verl policy_loss.dro_beta; no default: required by dro)."""
+    dro_beta: float = Field(0.05, gt=0, le=MAX_COEF)
+    """DRO (policy_loss=dro) quadratic log-ratio penalty beta: larger pulls the policy back to the old one harder (verl policy_loss.dro_beta, required there; 0.05 in verl's usage example)."""
     aggregation: str = "seq-mean-token-mean"
     """Loss aggregation: token-mean (DAPO), seq-mean-token-mean (GRPO, length-biased), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: TRL, verl >= 0.9), token-sum-norm (verl < 0.9's Dr. GRPO: / L_max only)."""
     kl_coef: float = Field(0.0, ge=0, le=MAX_COEF)

@@ -205,9 +205,7 @@ def test_dro_hand_values():
     assert not diag.zero_grad.any()
 
 
-def test_dro_needs_beta():
-    with pytest.raises(ValueError, match="dro_beta"):
-        run("dro", [[0.0]], [[1.0]])
+def test_dro_beta_is_positive():
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match="dro_beta"):
             PolicyLossConfig(dro_beta=bad)
@@ -239,4 +237,4 @@ def test_new_knobs_are_bounded():
         with pytest.raises(ValueError, match=field):
             PolicyLossConfig(**{field: bad})
     cfg = PolicyLossConfig()
-    assert (cfg.vespo_k_pos, cfg.vespo_lambda_pos, cfg.vespo_k_neg, cfg.vespo_lambda_neg, cfg.dro_beta) == (2.0, 3.0, 3.0, 2.0, None)
+    assert (cfg.vespo_k_pos, cfg.vespo_lambda_pos, cfg.vespo_k_neg, cfg.vespo_lambda_neg, cfg.dro_beta) == (2.0, 3.0, 3.0, 2.0, 0.05)

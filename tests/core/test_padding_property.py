@@ -124,7 +124,7 @@ def check_padding_invariance(G, mask, positions, seed):
         for loss_name in POLICY_LOSSES.names():
             # a seeded Clip-Cov draw over a wide band and large fractions, so the covariance selections run
             cfg_pl = PolicyLossConfig(clip_c=3.0, cov_seed=seed, clip_cov_ratio=0.3, clip_cov_lb=-1.0, clip_cov_ub=1.0,
-                                      kl_cov_ratio=0.3, dro_beta=0.5)
+                                      kl_cov_ratio=0.3)
             loss, diag = compute_policy_loss(loss_name, t["logp"], t["old"], adv, mask, cfg_pl)
             ploss, pdiag = compute_policy_loss(loss_name, pt["logp"], pt["old"], padv, pmask, cfg_pl)
             assert_same(loss, ploss, keep, pmask)

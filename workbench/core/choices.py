@@ -103,8 +103,8 @@ class PolicyLossConfig:
         phi(w) = e^lambda w^k e^(-lambda w) of the sequence ratio w (TRL ``vespo_k_pos`` ... with
         TRL 1.16's defaults 2 / 3 for A >= 0 and 3 / 2 for A < 0). k (>= 0) sets how fast phi falls
         as w drops below 1, lambda (> 0) how fast it falls as w grows above 1; phi(1) = 1.
-    dro_beta: DRO's quadratic log-ratio penalty (verl ``policy_loss.dro_beta``, which has no
-        default and must be > 0 when loss_mode is "dro"); None = unset, which ``dro`` refuses.
+    dro_beta: DRO's quadratic log-ratio penalty, > 0 (verl ``policy_loss.dro_beta``: null in its
+        config and required by "dro"; 0.05 is the value of verl's usage example, PR #7245).
     For ``luspo`` eps_low / eps_high clip the sequence ratio as for ``gspo``.
     For ``gmpo`` eps_low / eps_high bound the token *log*-ratio (GMPO paper: 0.4); for
     ``dppo_tv`` / ``dppo_kl`` they are the divergence thresholds (DPPO: TV 0.15, KL 0.05) and
@@ -130,7 +130,7 @@ class PolicyLossConfig:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
-    dro_beta: float | None = None
+    dro_beta: float = 0.05
 
     def __post_init__(self) -> None:
         if self.eps_low < 0 or self.eps_high < 0:
@@ -157,7 +157,7 @@ class PolicyLossConfig:
         for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
-        if self.dro_beta is not None and not self.dro_beta > 0:
+        if not self.dro_beta > 0:
             raise ValueError(f"dro_beta={self.dro_beta} must be > 0")
 
 #: On-policy distillation (core.distillation): shaped = slime OPD, the teacher term added to the

@@ -579,10 +579,9 @@ def dro_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     d loss / d logp_t = -A_t + beta (logp_t - old_t): the policy gradient plus a pull back to the
     old policy that grows with the drift (a k2 trust region, soft, no clip). There is no ratio in
     the loss, so the region of every token is ``trust``; its gradient is 0 only where A_t = 0 and
-    logp_t = old_t. verl requires dro_beta (no default); so does this loss.
+    logp_t = old_t. verl requires dro_beta (null by default); here it defaults to 0.05, the value
+    of verl's usage example.
     """
-    if cfg.dro_beta is None:
-        raise ValueError("policy loss 'dro' needs dro_beta > 0 (verl policy_loss.dro_beta; it has no default)")
     log_ratio = logp - old_logp
     ratio = safe_exp(log_ratio)
     loss = zero_padding(-(logp * advantages - 0.5 * cfg.dro_beta * log_ratio.square()), mask)
