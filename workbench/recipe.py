@@ -220,6 +220,10 @@ class Algorithm(_AlgorithmPolicyLoss):
     @model_validator(mode="after")
     def _cross(self):
         estimator = spec("advantage", self.advantage)
+        for family in ("advantage", "policy_loss", "aggregation", "kl_estimator"):
+            chosen = spec(family, getattr(self, family))
+            if chosen.launch_note:  # registered and explained, not yet trainable
+                raise ValueError(f"algorithm.{family}={chosen.name!r} cannot be trained yet: {chosen.launch_note}")
         if estimator.needs_critic and not self.critic:
             raise ValueError(f"algorithm.advantage={self.advantage!r} needs algorithm.critic=true (it uses the critic's values)")
         if self.critic and not estimator.needs_critic:

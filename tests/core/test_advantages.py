@@ -14,6 +14,11 @@ FULL = torch.ones(6, 3)  # every completion has 3 valid tokens
 REWARDS = torch.tensor([1.0, 2.0, 3.0, 0.0, 0.0, 4.0], dtype=torch.float64)
 
 
+def policy_stats(B, T):
+    """old_logp and sum_pi_squared (B, T) for the estimators that read them (POLICY_STAT_ESTIMATORS)."""
+    return {"old_logp": torch.full((B, T), -0.7), "sum_pi_squared": torch.full((B, T), 0.4)}
+
+
 def seq_adv(name, rewards=REWARDS, mask=FULL, **cfg):
     out = compute_advantages(name, rewards, mask.to(rewards.dtype), AdvantageConfig(**cfg))
     return out.advantages[:, 0]
@@ -59,7 +64,8 @@ def test_rloo_hand_values_and_identity_with_dr_grpo():
 
 @pytest.mark.parametrize("name", sorted(GROUP_ESTIMATORS))
 def test_group_of_one_gets_zero_advantage(name):
-    out = compute_advantages(name, torch.tensor([0.3, 5.0]), torch.ones(2, 4), AdvantageConfig(group_size=1))
+    out = compute_advantages(name, torch.tensor([0.3, 5.0]), torch.ones(2, 4), AdvantageConfig(group_size=1),
+                             **policy_stats(2, 4))  # read by the optimal token baselines only
     assert torch.equal(out.advantages, torch.zeros(2, 4))
 
 
@@ -72,7 +78,7 @@ def test_group_estimators_are_exactly_those_that_read_the_groups():
     grouping = {}
     for name in ADVANTAGE_ESTIMATORS.names():
         a, b = (compute_advantages(name, REWARDS[:4], torch.ones(4, 2), AdvantageConfig(group_size=g), values=values,
-                                   baselines=REWARDS[:4].flip(0)).advantages
+                                   baselines=REWARDS[:4].flip(0), **policy_stats(4, 2)).advantages
                 for g in (1, 2))
         grouping[name] = not torch.allclose(a, b)
     assert {name for name, reads in grouping.items() if reads} == GROUP_ESTIMATORS

@@ -119,7 +119,8 @@ def test_aggregation_lab_book_example_and_errors(lab_home):
     assert df.loc[("token-mean", 0), "weight"] == pytest.approx(1 / 11)
     fig = chart(at, "agg_fig")
     assert [t["name"] for t in fig["data"]] == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                                "seq-mean-token-sum-norm", "token-sum-norm"]
+                                                "seq-mean-token-sum-norm", "token-sum-norm", "token-sum"]
+    assert df.loc[("token-sum", 0), "grad_wrt_ratio"] == 2.0  # verl token-sum: no normaliser, dL/dR = A
     assert df.loc[("token-sum-norm", 0), "grad_wrt_ratio"] == pytest.approx(2 / 7)  # verl < 0.9: / L_max only
     assert len(values(fig["data"][0]["y"])) == 11
     at.text_area(key="agg_losses").input("1, 1\n1, x").run()
@@ -273,12 +274,13 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     assert not at.exception
     at.selectbox(key="lens_run").select(run_id).run()
     fig = chart(at, "lens_over_run")
-    from workbench.core import BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, POLICY_LOSSES
+    from workbench.core import BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, POLICY_LOSSES, POLICY_STAT_ESTIMATORS
     from workbench.engine.lens import lens_estimators
 
-    # every registered estimator (GRPO once per std scale) x every registered loss; no critic and
-    # no greedy baseline in this run, so GAE and ReMax sit out
-    rows = [k for k, (name, _) in lens_estimators().items() if name not in CRITIC_ESTIMATORS | BASELINE_ESTIMATORS]
+    # every registered estimator (GRPO once per std scale) x every registered loss; no critic, no
+    # greedy baseline and no sum pi^2 in this run, so GAE, ReMax and the optimal token baselines sit out
+    sit_out = CRITIC_ESTIMATORS | BASELINE_ESTIMATORS | POLICY_STAT_ESTIMATORS
+    rows = [k for k, (name, _) in lens_estimators().items() if name not in sit_out]
     assert {"opo", "grpo_passk"} <= set(rows)
     assert len(fig["data"]) == len(rows) * len(POLICY_LOSSES)
     rloo = next(t for t in fig["data"] if t["name"] == "rloo x clip")
@@ -369,7 +371,8 @@ def _example(at):
 
 def test_walkthrough_values_are_the_core_functions_for_every_registered_name(home):
     from workbench.core import (ADVANTAGE_ESTIMATORS, BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, POLICY_LOSSES,
-                                REWARD_DTYPE, AdvantageConfig, compute_advantages, compute_policy_loss)
+                                POLICY_STAT_ESTIMATORS, REWARD_DTYPE, AdvantageConfig, compute_advantages,
+                                compute_policy_loss)
     from workbench.core.choices import PolicyLossConfig
     from workbench.ui.labs.estimators import explanation, knob_start
     from workbench.ui.labs import page_url
@@ -384,9 +387,14 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
         start = knob_start("advantage", explanation("advantage", name))
         cfg = AdvantageConfig(group_size=4, **{k: getattr(start, k) for k in explanation("advantage", name).knob_names
                                                if k not in ("group_size", "kl_coef")})
+        stats = name in POLICY_STAT_ESTIMATORS  # the page's default pi_old and sum pi^2 per completion
+        per_token = lambda xs: torch.tensor(xs, dtype=REWARD_DTYPE)[:, None] * mask  # noqa: E731
         core = compute_advantages(name, rewards, mask, cfg,
                                   values=0.5 * mask if name in CRITIC_ESTIMATORS else None,
-                                  baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if name in BASELINE_ESTIMATORS else None)
+                                  baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if name in BASELINE_ESTIMATORS else None,
+                                  old_logp=torch.log(torch.tensor([0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5],
+                                                                  dtype=REWARD_DTYPE))[:, None] * mask if stats else None,
+                                  sum_pi_squared=per_token([0.82, 0.3, 0.1, 0.5, 0.82, 0.4, 0.15, 0.3]) if stats else None)
         shown = _example(at)[[f"A_t{t}" for t in range(4)]].to_numpy()
         np.testing.assert_array_equal(np.nan_to_num(shown.astype(float)), core.advantages.double().numpy(), err_msg=name)
     d = torch.tensor([[0.0, 0.1, 0.5, 0.0], [-0.3, -0.05, 0.2, 1.0]], dtype=torch.float64)
@@ -478,7 +486,7 @@ def test_ppo_lab_draws_every_loss_flagged_with_a_ratio_curve(home):
     specs = FAMILIES["policy_loss"].specs
     flagged = [n for n, s in specs.items() if s.ratio_curve]
     assert list(at.multiselect(key="ppo_losses").options) == [specs[n].title for n in flagged]
-    assert set(flagged) == {"clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "gpg"}
+    assert set(flagged) == {"clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "gpg", "luspo", "dro"}
     at.multiselect(key="ppo_losses").set_value(["sapo"]).run()
     sapo = [t for t in chart(at, "ppo_analytic")["data"] if t["name"] == "SAPO"]
     x, grad = values(sapo[1]["x"]), values(sapo[1]["y"])  # A > 0, gradient column

@@ -421,16 +421,23 @@ def example_batch():
 
 
 def test_advantage_example_is_compute_advantages_for_every_registered_estimator():
-    from workbench.core import ADVANTAGE_ESTIMATORS, BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, AdvantageConfig, compute_advantages
+    from workbench.core import (ADVANTAGE_ESTIMATORS, BASELINE_ESTIMATORS, CRITIC_ESTIMATORS, POLICY_STAT_ESTIMATORS,
+                                AdvantageConfig, compute_advantages)
 
     r, mask = example_batch()
     cfg = AdvantageConfig(group_size=4)
     for name in ADVANTAGE_ESTIMATORS.names():
         extra = {"values": [0.5] * 8} if name in CRITIC_ESTIMATORS else {}
         extra |= {"baselines": [0, 0, 0, 0, 1, 1, 1, 1]} if name in BASELINE_ESTIMATORS else {}
+        probs, spi2 = [0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5], [0.8, 0.3, 0.1, 0.5, 0.8, 0.4, 0.2, 0.3]
+        stats = name in POLICY_STAT_ESTIMATORS
+        extra |= {"token_probs": probs, "sum_pi_squared": spi2} if stats else {}
         table = est.advantage_example(name, EXAMPLE_REWARDS, EXAMPLE_LENGTHS, cfg, **extra)
+        column = lambda xs: torch.tensor(xs, dtype=torch.float64)[:, None] * mask  # noqa: E731
         core = compute_advantages(name, r, mask, cfg, values=0.5 * mask if "values" in extra else None,
-                                  baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if "baselines" in extra else None)
+                                  baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if "baselines" in extra else None,
+                                  old_logp=torch.log(torch.tensor(probs, dtype=torch.float64))[:, None] * mask if stats else None,
+                                  sum_pi_squared=column(spi2) if stats else None)
         shown = torch.tensor(table[[f"A_t{t}" for t in range(4)]].fillna(0.0).to_numpy())
         assert torch.equal(shown, core.advantages.double()), name
         assert table[[f"A_t{t}" for t in range(4)]].isna().to_numpy().tolist() == (mask == 0).tolist(), name
@@ -502,9 +509,13 @@ def test_every_loss_at_ratio_one_weighs_tokens_as_its_aggregation():
     from workbench.core import POLICY_LOSSES
 
     book = agg.aggregation_table(agg.BOOK_EXAMPLE, max_len=7).set_index(["mode", "seq", "token"])["grad_wrt_ratio"]
+    lengths = [len(seq) for seq in agg.BOOK_EXAMPLE]
     for name in POLICY_LOSSES.names():
         t = agg.loss_gradient_table(name, agg.BOOK_EXAMPLE, 7).set_index(["mode", "seq", "token"])["grad_logp"]
-        assert t.tolist() == pytest.approx(book.loc[t.index].tolist(), rel=1e-12), name
+        # LUSPO scales each sequence's loss by its length |o_i| (its length-unbias), on top of the aggregation
+        scale = [lengths[seq] if name == "luspo" else 1 for _, seq, _ in t.index]
+        expected = [w * k for w, k in zip(book.loc[t.index].tolist(), scale)]
+        assert t.tolist() == pytest.approx(expected, rel=1e-12), name
     first = agg.loss_gradient_table("gmpo", agg.BOOK_EXAMPLE, 7).groupby(["mode", "seq"])["grad_logp"].first()
     assert first["seq-mean-token-mean"].tolist() == pytest.approx([0.25, 1 / 7])
 

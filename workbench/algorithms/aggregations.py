@@ -31,4 +31,9 @@ SPECS: dict[str, Spec] = by_name(
          (r"L = \frac{1}{L_{max}} " + SUM,),
          "Dr. GRPO's normaliser as verl < 0.9 wrote it: L_max only, a step B times larger.",
          "verl < 0.9 loss_agg_mode seq-mean-token-sum-norm."),
+    Spec("aggregation", "token-sum", "token-sum", f"{CORE}:token_sum",
+         (r"L = " + SUM,),
+         "No normaliser at all: every token's gradient counts in full.",
+         "verl 0.9.1 loss_agg_mode token-sum.",
+         notes=("The step grows with the batch's token count: scale the learning rate with the batch.",)),
 )

@@ -29,4 +29,15 @@ SPECS: dict[str, Spec] = by_name(
          "verl kl_loss_type low_var_kl; TRL GRPOTrainer's KL (beta), RLOOTrainer / PPOTrainer kl_estimator='k3'.",
          notes=("Clamped at |k3| <= 10 as in verl, which biases it when one token's KL is huge.",), preset="grpo",
          level="token"),
+    Spec("kl_estimator", "abs", "abs", f"{CORE}:kl_abs", (r"|d| = |\log\pi_\theta(x) - \log\pi_{ref}(x)|",),
+         "The absolute log-ratio: biased, always >= 0.", "verl kl_loss_type / kl_penalty abs.", level="token"),
+    *(Spec("kl_estimator", f"{base}+", f"{base}+ (straight-through)", f"{CORE}:{fn}",
+           (rf"{base}^{{+}} = k_2 - \operatorname{{sg}}(k_2) + \operatorname{{sg}}({base})",),
+           f"The value of {base}, the gradient of k2: {base}'s value is what is logged and added, while k2's "
+           "gradient is the KL's own (k1 and k3 are unbiased in value, not in gradient).",
+           f"verl kl_loss_type {verl}.",
+           notes=("Differs from the base estimator only in its gradient: with kl_placement in_reward it is the same.",),
+           level="token")
+      for base, fn, verl in (("k1", "kl_k1_plus", "kl+ / k1+"), ("k3", "kl_k3_plus", "low_var_kl+ / k3+"),
+                             ("abs", "kl_abs_plus", "abs+"))),
 )

@@ -54,10 +54,19 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("kl_cov_coef", float, 0.1, "KL-Cov penalty coefficient (verl 0.9.1 ppo_kl_coef 0.1).", ge=0, le=MAX_COEF),
     _k("cov_seed", int | None, None, "Clip-Cov's random draw: None = torch's generator seeded by train.seed (steps differ); "
        "an int = a fixed seed.", ge=0, le=MAX_SEED),
+    _k("vespo_k_pos", float, 2.0, "VESPO (policy_loss=vespo) power k of its Gamma weight for A >= 0 (TRL vespo_k_pos 2): "
+       "larger cuts sequences whose ratio fell below 1 harder.", ge=0, le=MAX_COEF),
+    _k("vespo_lambda_pos", float, 3.0, "VESPO decay lambda for A >= 0 (TRL vespo_lambda_pos 3): larger cuts sequences "
+       "whose ratio grew above 1 harder.", gt=0, le=MAX_COEF),
+    _k("vespo_k_neg", float, 3.0, "VESPO power k for A < 0 (TRL vespo_k_neg 3).", ge=0, le=MAX_COEF),
+    _k("vespo_lambda_neg", float, 2.0, "VESPO decay lambda for A < 0 (TRL vespo_lambda_neg 2).", gt=0, le=MAX_COEF),
+    _k("dro_beta", float, 0.05, "DRO (policy_loss=dro) quadratic log-ratio penalty beta: larger pulls the policy back to "
+       "the old one harder (verl policy_loss.dro_beta, required there; 0.05 in verl's usage example).", gt=0, le=MAX_COEF),
 )}
 K = KNOBS
 TRUST_REGION = (K["eps_low"], K["eps_high"], K["clip_c"], K["delta"])
 CLIP_FIELDS = tuple(k.field for k in TRUST_REGION)
+VESPO_KNOBS = (K["vespo_k_pos"], K["vespo_lambda_pos"], K["vespo_k_neg"], K["vespo_lambda_neg"])
 # DPPO (TV and KL): thresholds on the probability's move, and the cap C of the detached ratio.
 DPPO_KNOBS = (K["eps_low"], K["eps_high"], K["clip_c"])
 DPPO_AT_RATIO_ONE = at_ratio_one(*(k.field for k in DPPO_KNOBS), what="no probability moves and the cap never bites")
@@ -179,4 +188,37 @@ SPECS: dict[str, Spec] = by_name(
          "baseline is a strong baseline (Chu et al. 2025).",
          "verl policy_loss gpg.", (),
          ("No trust region: keep mu = 1 (one pass per batch).",), preset="gpg", level="token", ratio_curve=True),
+    Spec("policy_loss", "luspo", "LUSPO", f"{CORE}:luspo_policy_loss",
+         (r"s_i = \exp\Big(\frac{1}{|o_i|}\sum_t \log\rho_{i,t}\Big)",
+          r"\ell_{i,t} = -|o_i|\,\min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_i\big)"),
+         "GSPO's per-sequence mean gives a long completion the same weight as a short one; scaling each sequence's "
+         "loss by its length removes that length bias (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261).",
+         "TRL loss_type='luspo' (with importance_sampling_level='sequence'); not in verl 0.9.1.",
+         (*TRUST_REGION, K["gspo_variant"]),
+         ("Always a sequence ratio, as GSPO: TRL warns unless importance_sampling_level='sequence'.",
+          "With seq-mean-token-mean it equals TRL's (l m).sum(-1).mean(): mean_i |o_i| l_i."),
+         ratio_curve=True, inert_when=at_ratio_one(*CLIP_FIELDS, what="the clip never bites")),
+    Spec("policy_loss", "vespo", "VESPO", f"{CORE}:vespo_policy_loss",
+         (r"w_i = \prod_t \rho_{i,t},\qquad \phi(w) = e^{\lambda}\, w^{k} e^{-\lambda w}\quad"
+          r"(k, \lambda) = (k_+, \lambda_+) \text{ if } A \ge 0 \text{ else } (k_-, \lambda_-)",
+          r"\ell_{i,t} = -\operatorname{sg}\big(\phi(w_i)\big) A_{i,t} \log\pi_\theta(o_{i,t})"),
+         "A hard clip zeroes a token's gradient abruptly; a smooth, asymmetric Gamma-shaped weight of the sequence "
+         "ratio (phi(1) = 1, peak at w = k / lambda) damps off-policy sequences instead (Variational Sequence-Level "
+         "Soft Policy Optimization, arXiv 2602.10693).",
+         "TRL loss_type='vespo' (vespo_k_pos / vespo_lambda_pos / vespo_k_neg / vespo_lambda_neg, with "
+         "importance_sampling_level='token'); not in verl 0.9.1.",
+         VESPO_KNOBS,
+         ("w is the product of the token ratios, clamped to [1e-8, e^20]; phi is detached.",
+          "TRL folds token-level rollout IS weights into w and refuses sequence-level ones; here the IS weight "
+          "multiplies the loss as for every loss.",
+          "TRL aggregates it by token-mean."), level="token",
+         inert_when=at_ratio_one(*(k.field for k in VESPO_KNOBS), what="w = 1 and phi(1) = 1 whatever k and lambda")),
+    Spec("policy_loss", "dro", "DRO", f"{CORE}:dro_policy_loss",
+         (r"\ell_t = -\Big(A_t \log\pi_\theta(o_t) - \frac{\beta}{2}\big(\log\pi_\theta(o_t) - \log\pi_{old}(o_t)\big)^2\Big)",
+          r"\frac{\partial \ell_t}{\partial \log\pi_\theta} = -A_t + \beta\,\log\rho_t"),
+         "No hard clip: a quadratic (k2) penalty on the log-ratio pulls the policy back to the old one in proportion "
+         "to its drift, so no token loses its gradient (Direct Reward Optimization).",
+         "verl policy_loss dro (policy_loss.dro_beta, required; docs/algo/dro.md).", (K["dro_beta"],),
+         ("verl has no default beta; 0.05 is the value of its usage example.",), level="token", ratio_curve=True,
+         inert_when=at_ratio_one("algorithm.dro_beta", what="the penalty's gradient beta log rho is 0")),
 )

@@ -99,7 +99,8 @@ class Spec:
     Capabilities: ``level`` is where the quantity lives ('token' advantages / ratios, or
     'sequence'); ``needs_groups`` (the baseline is the prompt's other completions: G >= 2),
     ``needs_critic`` (reads a value model), ``needs_baseline_rollout`` (reads the reward of an
-    extra greedy completion per prompt); ``ratio_curve`` (losses: a token's loss is a function
+    extra greedy completion per prompt); ``needs_policy_stats`` (reads the old log-probs and
+    sum_v pi_v^2 of each sampled token); ``ratio_curve`` (losses: a token's loss is a function
     of its ratio alone, so the PPO-region lab can draw it). ``inert_when(recipe_dict)`` maps knob
     fields to why they have no effect under these settings with this spec chosen (e.g. the clip's
     eps at one update per batch)."""
@@ -119,6 +120,7 @@ class Spec:
     needs_groups: bool = False
     needs_critic: bool = False
     needs_baseline_rollout: bool = False
+    needs_policy_stats: bool = False
     ratio_curve: bool = False
     inert_when: Callable[[RecipeData], dict[str, str]] | None = None
     walkthroughs: tuple[Walkthrough, ...] = ()

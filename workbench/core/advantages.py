@@ -4,8 +4,12 @@
         -> Advantages(advantages (B, T), returns (B, T))
 
 Estimators in BASELINE_ESTIMATORS (ReMax) also take ``baselines`` (B,): the reward of the
-prompt's greedy completion, repeated for each of its G sampled completions. ``compute_advantages``
-passes it to those only, so the contract of the others is unchanged.
+prompt's greedy completion, repeated for each of its G sampled completions. Estimators in
+POLICY_STAT_ESTIMATORS (the optimal token baselines) also take ``old_logp`` (B, T), the old
+policy's log-probs of the sampled tokens, ``sum_pi_squared`` (B, T), sum_v pi_old(v)^2 at each
+position (``sum_pi_squared_from_logits``), and optionally ``is_weights`` (B, T), the rollout IS
+weights. ``compute_advantages`` passes these to those only, so the contract of the others is
+unchanged.
 
 B = number of completions, grouped contiguously by prompt in groups of ``cfg.group_size`` (G).
 Sequence-level estimators broadcast one scalar per completion over its valid tokens; token-level
@@ -30,11 +34,12 @@ from .choices import (  # noqa: F401 (no torch)
     GROUP_ESTIMATORS,
     GRPO_SCALES,
     MULTI_REWARD_MODES,
+    POLICY_STAT_ESTIMATORS,
     TOKEN_LEVEL_ESTIMATORS,
 )
 from .masked import last_valid_index, masked_sum, masked_whiten, zero_padding
 from .registry import Registry, check_choice
-from .scan import next_valid_value, reverse_discounted_cumsum
+from .scan import next_valid_value, pack_left, reverse_discounted_cumsum
 from .shapes import ShapeError, check_2d, check_like, check_sequence_vector
 
 
@@ -355,6 +360,107 @@ def gpg_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None)
 
 
 # ---------------------------------------------------------------------------------------------
+# optimal token baselines (verl 0.9.1 optimal_token_baseline / tir_optimal_token_baseline)
+
+# verl's epsilon in the baseline's denominator (a fixed default there, not a config field).
+OTB_EPS = 1e-8
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v pi(v)^2 at each position, pi = softmax(logits). (B, T, V) -> (B, T), in float32 at least
+    (verl's ``calculate_sum_pi_squared`` output, which it stores as float)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.softmax(logits, dim=-1).square().sum(dim=-1)
+
+
+def path_variance(old_logp, sum_pi_squared, mask, is_weights=None) -> torch.Tensor:
+    """W_t = sum_{j <= t} ||s_j||^2 m_j with ||s_j||^2 = 1 - 2 pi_j + sum_v pi_v^2 (times rho_j^2
+    with rollout IS weights): the squared norm of the score d log pi(a_j) / d logits, e_a - pi,
+    accumulated along the completion. (B, T) -> (B, T)."""
+    w = 1 - 2 * torch.exp(old_logp) + sum_pi_squared
+    if is_weights is not None:
+        w = w * is_weights**2
+    return (w * mask).cumsum(dim=-1)
+
+
+def _otb_group_baselines(returns, w_cum, mask, group_size: int, zero_tail: bool = True) -> torch.Tensor:
+    """b_t = sum_g G_t W_t m_t / (sum_g W_t m_t + OTB_EPS) per group and position, (B, T) -> (B, T).
+
+    zero_tail (verl's handle_zero_tail, on by default): where one completion is strictly the
+    longest of its group, its baseline is 0 from the second-longest length on (no other
+    completion of the group reaches there, so the "baseline" would be its own return)."""
+    B, T = returns.shape
+    shape = (B // group_size, group_size, T)
+    R, W, m = returns.view(shape), w_cum.view(shape), mask.to(returns.dtype).view(shape)
+    b = ((R * W * m).sum(dim=1) / ((W * m).sum(dim=1) + OTB_EPS))[:, None, :].expand(shape).clone()
+    if zero_tail:
+        lengths = m.sum(dim=2)  # (N, G)
+        top = lengths.sort(dim=1).values
+        longest, second = top[:, -1], top[:, -2]
+        alone = ((lengths == longest[:, None]).sum(dim=1) == 1) & (longest > second)
+        row = (lengths == longest[:, None]) & alone[:, None]  # (N, G)
+        tail = torch.arange(T, device=returns.device)[None, :] >= second[:, None]  # (N, T)
+        b = b.masked_fill(row[:, :, None] & tail[:, None, :], 0.0)
+    return b.reshape(B, T)
+
+
+def _otb_returns(rewards, mask, cfg: AdvantageConfig, kl) -> torch.Tensor:
+    """G_t = sum_{t' >= t} r_t' over the row (verl's flip-cumsum-flip of the masked token rewards)."""
+    token_rewards = token_level_rewards(rewards, mask, kl, cfg.kl_coef) * mask.to(rewards.dtype)
+    return token_rewards.flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+
+
+def _optimal_token_baseline(rewards, mask, cfg: AdvantageConfig, kl, old_logp, sum_pi_squared, is_weights,
+                            by_valid_index: bool) -> Advantages:
+    """A_t = G_t - B_t (see optimal_token_baseline_advantages); ``by_valid_index`` indexes B by the
+    k-th valid token of each completion (rows packed left) instead of the absolute position t."""
+    G = _otb_returns(rewards, mask, cfg, kl)
+    if cfg.group_size < 2:
+        return Advantages(torch.zeros_like(G), zero_padding(G, mask))
+    w_cum = path_variance(old_logp.to(G.dtype), sum_pi_squared.to(G.dtype), mask,
+                          None if is_weights is None else is_weights.to(G.dtype))
+    if not by_valid_index:
+        return Advantages(zero_padding(G - _otb_group_baselines(G, w_cum, mask, cfg.group_size), mask), zero_padding(G, mask))
+    order = pack_left(mask)
+    packed_mask = torch.arange(mask.shape[1], device=mask.device)[None, :] < mask.sum(dim=1, keepdim=True)
+    packed = packed_mask.to(G.dtype)
+    R, W = G.gather(1, order) * packed, w_cum.gather(1, order) * packed
+    adv_packed = (R - _otb_group_baselines(R, W, packed_mask, cfg.group_size)) * packed
+    return Advantages(zero_padding(torch.zeros_like(G).scatter(1, order, adv_packed), mask), zero_padding(G, mask))
+
+
+@ADVANTAGE_ESTIMATORS.register("optimal_token_baseline")
+def optimal_token_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, old_logp=None,
+                                      sum_pi_squared=None, is_weights=None) -> Advantages:
+    """Optimal Token Baseline (verl 0.9.1 ``optimal_token_baseline``): a baseline per position t
+    from the group's returns weighted by each completion's accumulated score variance,
+
+        A_t = G_t - B_t,   B_t = sum_{i in g} G_it W_it / (sum_{i in g} W_it + 1e-8)
+
+    (``path_variance``: W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) [* rho_j^2]), the baseline that
+    minimises the variance of the gradient estimate when the score norms are the variance proxy;
+    paths that moved more (higher W) weigh more. G_t is the return-to-go of the token rewards
+    (the reward on the last valid token, minus kl_coef kl_t per token with an in-reward KL). B_t
+    is taken at the absolute position t; with a mask with holes (tool outputs) see
+    ``tir_optimal_token_baseline``. A group of one gets 0 as every group estimator here (verl:
+    A = G_t, no baseline). Returns = G_t.
+    """
+    return _optimal_token_baseline(rewards, mask, cfg, kl, old_logp, sum_pi_squared, is_weights, by_valid_index=False)
+
+
+@ADVANTAGE_ESTIMATORS.register("tir_optimal_token_baseline")
+def tir_optimal_token_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, old_logp=None,
+                                          sum_pi_squared=None, is_weights=None) -> Advantages:
+    """Optimal Token Baseline for tool-integrated reasoning (verl 0.9.1
+    ``tir_optimal_token_baseline``, ``compute_multi_turn_optimal_token_baseline_advantage``): as
+    ``optimal_token_baseline``, but B is indexed by the k-th *valid* token of each completion
+    instead of the absolute position, so that tool outputs masked out between turns do not shift
+    one completion's tokens against another's. With right padding only, the two are equal.
+    """
+    return _optimal_token_baseline(rewards, mask, cfg, kl, old_logp, sum_pi_squared, is_weights, by_valid_index=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # several reward functions
 
 
@@ -406,10 +512,14 @@ def compute_advantages(
     kl: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     baselines: torch.Tensor | None = None,
+    old_logp: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> Advantages:
     """Validate inputs, run the registered estimator, optionally whiten. See module docstring.
 
-    baselines (B,) go to BASELINE_ESTIMATORS only (others ignore them)."""
+    baselines (B,) go to BASELINE_ESTIMATORS only; old_logp, sum_pi_squared and is_weights (B, T)
+    to POLICY_STAT_ESTIMATORS only (others ignore them)."""
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
     B, _ = check_2d("mask", mask)
     check_sequence_vector("rewards", rewards, B)
@@ -419,6 +529,13 @@ def compute_advantages(
             raise ValueError(f"advantage estimator {estimator!r} needs baselines (B,): the reward of each prompt's greedy completion")
         check_sequence_vector("baselines", baselines, B)
         extra["baselines"] = baselines
+    if estimator in POLICY_STAT_ESTIMATORS:
+        if old_logp is None or sum_pi_squared is None:
+            raise ValueError(f"advantage estimator {estimator!r} needs old_logp and sum_pi_squared (B, T): the old "
+                             "policy's log-probs of the sampled tokens and sum_v pi_v^2 at each position")
+        check_like("mask", mask, old_logp=old_logp, sum_pi_squared=sum_pi_squared, is_weights=is_weights)
+        extra.update(old_logp=old_logp.detach(), sum_pi_squared=sum_pi_squared.detach(),
+                     is_weights=None if is_weights is None else is_weights.detach())
     check_like("mask", mask, kl=kl, values=values)
     if cfg.group_size < 1 or B % cfg.group_size != 0:
         raise ShapeError(f"group_size={cfg.group_size} must be >= 1 and divide the batch size B={B}")

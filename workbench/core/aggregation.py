@@ -5,6 +5,7 @@
     seq-mean-token-sum       mean_i( sum_t l m )
     seq-mean-token-sum-norm  sum(l m) / (B * L_max)                [TRL dr_grpo; verl >= 0.9]
     token-sum-norm           sum(l m) / L_max                      [verl < 0.9's seq-mean-token-sum-norm]
+    token-sum                sum(l m)                              [verl 0.9.1 token-sum]
 
 seq-mean-token-mean gives each token of a short sequence more weight than one of a long
 sequence (1/n_i): a length bias (Dr. GRPO). token-mean and the *-norm modes give every token the
@@ -78,6 +79,14 @@ def seq_mean_token_sum_norm(loss, mask, *, num_tokens, num_seqs, max_len):
 def token_sum_norm(loss, mask, *, num_tokens, num_seqs, max_len):
     """sum(l m) / L_max  (verl < 0.9's seq-mean-token-sum-norm: no division by the batch)."""
     return masked_sum(loss, mask) / _require_max_len(max_len, "token-sum-norm")
+
+
+@LOSS_AGGREGATIONS.register("token-sum")
+def token_sum(loss, mask, *, num_tokens, num_seqs, max_len):
+    """sum(l m), no normaliser (verl 0.9.1 ``token-sum``: every token's gradient counts in full,
+    so the step grows with the batch's token count; verl multiplies by dp_size to undo the
+    ranks' gradient averaging, as the trainer does for every mode here)."""
+    return masked_sum(loss, mask)
 
 
 def aggregate_loss(

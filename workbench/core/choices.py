@@ -42,6 +42,9 @@ CRITIC_ESTIMATORS: frozenset[str] = with_capability("advantage", needs_critic=Tr
 # Estimators that read a per-completion baseline reward (B,) supplied by the caller: ReMax's is the
 # reward of one greedy completion of the same prompt (an extra rollout per prompt).
 BASELINE_ESTIMATORS: frozenset[str] = with_capability("advantage", needs_baseline_rollout=True)
+# Estimators that read the policy's own statistics of the sampled tokens (B, T), supplied by the
+# caller: the old log-probs and sum_v pi_v^2 (from the logits), optionally the rollout IS weights.
+POLICY_STAT_ESTIMATORS: frozenset[str] = with_capability("advantage", needs_policy_stats=True)
 # How several reward functions' scores (B, F) become one reward per completion (``combine_rewards``).
 MULTI_REWARD_MODES: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")
 
@@ -51,6 +54,11 @@ IS_MODES: tuple[str, ...] = ("truncate", "mask")
 # The recipe's ``algorithm.rollout_correction``: off, or "{level}_{mode}" (TRL's
 # ``vllm_importance_sampling_mode`` spelling: token_truncate, token_mask, sequence_truncate, sequence_mask).
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", *(f"{level}_{mode}" for level in IS_LEVELS for mode in IS_MODES))
+# verl's rollout rejection sampling (``rollout_rs``): "{token|seq_sum|seq_mean|seq_max}_{k1|k2|k3}"
+# without seq_max_k1, in verl 0.9.1's SUPPORTED_ROLLOUT_RS_OPTIONS order (correction.rejection_mask).
+REJECTION_MODES: tuple[str, ...] = (
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,13 @@ class PolicyLossConfig:
     cov_seed: Clip-Cov draws its tokens at random (verl: ``torch.randperm``). None draws from
         torch's global generator (seeded by the run, so runs repeat and steps differ); an int
         draws from a generator seeded with it (exactly reproducible, e.g. for tests).
+    vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO's Gamma weight
+        phi(w) = e^lambda w^k e^(-lambda w) of the sequence ratio w (TRL ``vespo_k_pos`` ... with
+        TRL 1.16's defaults 2 / 3 for A >= 0 and 3 / 2 for A < 0). k (>= 0) sets how fast phi falls
+        as w drops below 1, lambda (> 0) how fast it falls as w grows above 1; phi(1) = 1.
+    dro_beta: DRO's quadratic log-ratio penalty, > 0 (verl ``policy_loss.dro_beta``: null in its
+        config and required by "dro"; 0.05 is the value of verl's usage example, PR #7245).
+    For ``luspo`` eps_low / eps_high clip the sequence ratio as for ``gspo``.
     For ``gmpo`` eps_low / eps_high bound the token *log*-ratio (GMPO paper: 0.4); for
     ``dppo_tv`` / ``dppo_kl`` they are the divergence thresholds (DPPO: TV 0.15, KL 0.05) and
     clip_c truncates the detached ratio (unset: DPPO_TIS_CAP = 3, verl's clip_ratio_c).
@@ -107,6 +122,11 @@ class PolicyLossConfig:
     kl_cov_ratio: float = 2e-4
     kl_cov_coef: float = 0.1
     cov_seed: int | None = None
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    dro_beta: float = 0.05
 
     def __post_init__(self) -> None:
         if self.eps_low < 0 or self.eps_high < 0:
@@ -127,3 +147,12 @@ class PolicyLossConfig:
             raise ValueError(f"clip_cov_lb={self.clip_cov_lb} must be less than clip_cov_ub={self.clip_cov_ub}")
         if self.kl_cov_coef < 0:
             raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
+        for name in ("vespo_k_pos", "vespo_k_neg"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (phi = w^k e^(lambda (1 - w)) would grow without bound as w -> 0)")
+        for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        if not self.dro_beta > 0:
+            raise ValueError(f"dro_beta={self.dro_beta} must be > 0")
+

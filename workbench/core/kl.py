@@ -6,6 +6,17 @@ With d = ref_logp - logp on tokens sampled from pi (Schulman, "Approximating KL 
     k2 = d^2 / 2                 biased, low variance (its gradient is the KL's gradient)
     k3 = exp(d) - d - 1          unbiased, low variance, always >= 0 ("low_var_kl" in verl);
                                  the +-10 clamp (as verl) biases it when |k3| would exceed 10
+    abs = |d|                    verl "abs": biased, >= 0
+
+Straight-through forms (verl 0.9.1 ``kl_penalty`` with a trailing "+": "k1+" = verl "kl+",
+"k3+" = "low_var_kl+", "abs+"): the value of the named estimator, the gradient of k2,
+
+    x+ = k2 - sg(k2) + sg(x)
+
+because k1 and k3 are unbiased for the KL's *value* but their expected gradient is not the KL's
+gradient (E[d k1] = 0; d k3 = 1 - exp(d) pulls the wrong amount), while k2's gradient is
+(logp - ref) d logp, whose expectation is the KL's gradient. The forms differ from their base
+only in the loss (kl_placement in_loss); in the reward the KL is a detached number.
 
 Placements:
     in_reward  RLOO / PPO / REINFORCE++: the reward is shaped before advantages are computed
@@ -48,9 +59,63 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (torch.exp(d) - d - 1.0).clamp(-K3_VALUE_CLAMP, K3_VALUE_CLAMP)
 
 
+@KL_ESTIMATORS.register("abs")
+def kl_abs(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """|logp - ref_logp| (verl "abs"). (B, T) -> (B, T)."""
+    return (logp - ref_logp).abs()
+
+
+def straight_through_k2(forward: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """forward's value with k2's gradient: k2 - sg(k2) + sg(forward) (verl's "+" forms). (B, T) -> (B, T)."""
+    backward = kl_k2(logp, ref_logp)
+    return backward - backward.detach() + forward.detach()
+
+
+def _straight_through(name: str, base):
+    """Register ``name`` as ``base``'s value with k2's gradient."""
+    def estimator(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        return straight_through_k2(base(logp, ref_logp), logp, ref_logp)
+
+    estimator.__name__ = f"kl_{name.replace('+', '_plus')}"
+    estimator.__doc__ = f"{name}: the value of {base.__name__}, the gradient of k2 (verl's straight-through form). (B, T) -> (B, T)."
+    return KL_ESTIMATORS.register(name)(estimator)
+
+
+kl_k1_plus = _straight_through("k1+", kl_k1)  # verl "kl+"
+kl_k3_plus = _straight_through("k3+", kl_k3)  # verl "low_var_kl+"
+kl_abs_plus = _straight_through("abs+", kl_abs)
+
+
 def kl_per_token(estimator: str, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token KL estimate, 0 on padding. logp, ref_logp, mask: (B, T) -> (B, T)."""
     check_2d("logp", logp)
     check_like("logp", logp, ref_logp=ref_logp, mask=mask)
     kl = KL_ESTIMATORS.get(estimator)(logp, ref_logp)
     return zero_padding(kl, mask)
+
+
+# ---- adaptive KL coefficient -------------------------------------------------------------------
+
+# The proportional error of the adaptive controller is clipped to +-0.2 (Ziegler et al. 2019; verl).
+ADAPTIVE_KL_ERROR_CLIP = 0.2
+
+
+def adaptive_kl_coef(value: float, current_kl: float, n_steps: int, *, target_kl: float, horizon: int) -> float:
+    """The adaptive KL coefficient after one update (Ziegler et al. 2019, arXiv 1909.08593, Sec. 2.2;
+    verl 0.9.1 ``AdaptiveKLController.update``, ``algorithm.kl_ctrl.type="adaptive"``):
+
+        e      = clip(current_kl / target_kl - 1, -0.2, 0.2)
+        beta' = beta (1 + e n_steps / horizon)
+
+    beta grows while the measured KL is above target and shrinks below it, by at most 20% of
+    n_steps / horizon per update. verl calls it once per step with n_steps = the batch's
+    completions and current_kl = the batch mean of each completion's mean in-reward KL, and logs
+    them as ``actor/reward_kl_penalty`` (current_kl) and ``actor/reward_kl_penalty_coeff`` (the beta
+    the step used). Defaults in verl: kl_coef 0.001, target_kl 0.1, horizon 10000. Pure floats.
+    """
+    if not target_kl > 0:
+        raise ValueError(f"target_kl={target_kl} must be > 0")
+    if not horizon > 0:
+        raise ValueError(f"horizon={horizon} must be > 0")
+    error = min(max(current_kl / target_kl - 1.0, -ADAPTIVE_KL_ERROR_CLIP), ADAPTIVE_KL_ERROR_CLIP)
+    return value * (1.0 + error * n_steps / horizon)

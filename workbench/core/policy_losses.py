@@ -14,6 +14,7 @@ PPO region it fell in and whether its gradient is exactly zero.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -482,6 +483,110 @@ def gpg_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     policy gradient -A_t logp_t, no ratio, no clip (= ``reinforce`` with reinforce_form="logp",
     whatever cfg says). d loss / d logp_t = -A_t on every valid token."""
     return reinforce_policy_loss(logp, old_logp, advantages, mask, replace(cfg, reinforce_form="logp"))
+
+
+@POLICY_LOSSES.register("luspo")
+def luspo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """LUSPO, Length-Unbiased Sequence Policy Optimization (arXiv 2602.05261; TRL 1.16
+    ``loss_type="luspo"``): GSPO's clipped objective on the sequence ratio s_i, with each
+    sequence's loss scaled by its length n_i, so that a long sequence is not worth less than a
+    short one (GSPO's per-sequence mean gives each sequence the same weight whatever its length):
+
+        loss_it = -n_i min(s_i A_it, clip(s_i, 1 - eps_low, 1 + eps_high) A_it)   on valid tokens
+
+    Aggregated with ``seq-mean-token-mean`` this is TRL's (l m).sum(-1).mean() = mean_i n_i l_i
+    exactly (when every row has a valid token, or num_seqs = B is passed). The ratio is always a
+    sequence ratio (TRL warns unless importance_sampling_level="sequence"); ``gspo_variant`` and
+    the clamp of log s_i at GSPO_LOG_RATIO_MAX apply as for ``gspo`` (TRL does not clamp: the two
+    agree for log s_i <= 10). Diagnostics are GSPO's (clip fractions of sequences).
+    """
+    loss, diag = gspo_policy_loss(logp, old_logp, advantages, mask, cfg)
+    return loss * mask.sum(dim=1, keepdim=True).to(loss.dtype), diag
+
+
+# VESPO's log w is clamped to [log 1e-8, 20] as TRL 1.16's get_gamma_weights does (its lower
+# bound "for matching truthfully the original implementation"), and lambda from below at 1e-4.
+VESPO_LOG_W_MIN = math.log(1e-8)
+VESPO_LOG_W_MAX = 20.0
+VESPO_LAMBDA_MIN = 1e-4
+
+
+def vespo_gamma_weights(log_ratio, advantages, mask, cfg: PolicyLossConfig, is_weights=None) -> torch.Tensor:
+    """VESPO's detached weight phi (B, T): the Gamma-shaped function of the sequence ratio
+
+        log w_i = clamp( sum_t clamp(l_it, +-20) m_it [+ sum_t clamp(log is_it, log 1e-8, 20) m_it],
+                         log 1e-8, 20 )
+        phi     = exp( lambda + k log w - lambda w ),   (k, lambda) = (k_pos, lambda_pos) if A >= 0
+                                                          else (k_neg, lambda_neg)
+
+    l = logp - old_logp (B, T); w is the *product* of the token ratios (not GSPO's geometric
+    mean). phi(1) = 1 and phi peaks at w = k / lambda. ``is_weights`` (B, T), the token-level
+    rollout IS weights pi_old / pi_rollout, fold into w instead of multiplying the loss (TRL
+    applies no other IS factor to vespo); a weight of 0 (masked IS) gives log 1e-8. TRL sums the
+    IS logs over all positions, where padding holds weight 1 (log 0); here padding is masked,
+    since ``rollout_correction`` writes 0 there. Non-finite phi becomes 0, as in TRL.
+    """
+    log_ratio = log_ratio.detach()
+    seq = masked_sum(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask, dim=1)[:, None]
+    if is_weights is not None:
+        log_is = torch.log(is_weights.detach().to(log_ratio.dtype)).clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)
+        seq = seq + masked_sum(log_is, mask, dim=1)[:, None]
+    log_w = seq.clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)
+    nonneg = advantages >= 0
+
+    def by_sign(pos: float, neg: float) -> torch.Tensor:  # in log_ratio's dtype (TRL rounds the knobs to float32 first)
+        as_t = lambda v: torch.as_tensor(v, dtype=log_ratio.dtype, device=log_ratio.device)  # noqa: E731
+        return torch.where(nonneg, as_t(pos), as_t(neg))
+
+    k = by_sign(cfg.vespo_k_pos, cfg.vespo_k_neg)
+    lam = by_sign(cfg.vespo_lambda_pos, cfg.vespo_lambda_neg).clamp(min=VESPO_LAMBDA_MIN)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@POLICY_LOSSES.register("vespo")
+def vespo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """VESPO, Variational Sequence-Level Soft Policy Optimization (arXiv 2602.10693; TRL 1.16
+    ``loss_type="vespo"``): a smooth, asymmetric Gamma weight of the sequence ratio in place of
+    the hard clip,
+
+        loss_t = -phi(w_i) A_t logp_t,    phi detached (``vespo_gamma_weights``)
+
+    so d loss / d logp_t = -phi A_t: the policy gradient scaled down smoothly as the sequence
+    drifts off-policy (never exactly 0 for finite w). It works from *token* log-ratios (TRL warns
+    unless importance_sampling_level="token" and refuses sequence-level rollout IS). No token is
+    clipped: every region is ``trust``. ``vespo/phi_seq_mean``: mean over sequences with a valid
+    token of their phi (TRL's metric for sequence-level advantages). TRL aggregates vespo by
+    token sum / tokens in the batch (``token-mean``).
+    """
+    ratio = safe_exp(logp - old_logp)
+    phi = vespo_gamma_weights(logp - old_logp, advantages, mask, cfg)
+    loss = zero_padding(-phi * advantages * logp, mask)
+    rows = mask.sum(dim=1) > 0
+    per_seq = masked_sum(phi, mask, dim=1)[rows] / mask.sum(dim=1)[rows].to(phi.dtype)
+    phi_mean = per_seq.mean() if per_seq.numel() else torch.zeros((), dtype=phi.dtype, device=phi.device)
+    zero_grad = (advantages == 0) | (phi == 0) | ~mask.bool()
+    return _unclipped(loss, ratio, advantages, mask, logp, old_logp, {"vespo/phi_seq_mean": phi_mean}, zero_grad)
+
+
+@POLICY_LOSSES.register("dro")
+def dro_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
+    """DRO, Direct Reward Optimization with a quadratic log-ratio penalty (verl 0.9.1
+    ``compute_policy_loss_dro``, docs/algo/dro.md):
+
+        loss_t = -( A_t logp_t - beta / 2 (logp_t - old_t)^2 ),     beta = cfg.dro_beta > 0
+
+    d loss / d logp_t = -A_t + beta (logp_t - old_t): the policy gradient plus a pull back to the
+    old policy that grows with the drift (a k2 trust region, soft, no clip). There is no ratio in
+    the loss, so the region of every token is ``trust``; its gradient is 0 only where A_t = 0 and
+    logp_t = old_t. verl requires dro_beta (null by default); here it defaults to 0.05, the value
+    of verl's usage example.
+    """
+    log_ratio = logp - old_logp
+    ratio = safe_exp(log_ratio)
+    loss = zero_padding(-(logp * advantages - 0.5 * cfg.dro_beta * log_ratio.square()), mask)
+    zero_grad = ((advantages == 0) & (log_ratio.detach() == 0)) | ~mask.bool()
+    return _unclipped(loss, ratio, advantages, mask, logp, old_logp, None, zero_grad)
 
 
 def compute_policy_loss(

@@ -51,6 +51,7 @@ from workbench.core import (
     ADVANTAGE_ESTIMATORS,
     BASELINE_ESTIMATORS,
     CRITIC_ESTIMATORS,
+    POLICY_STAT_ESTIMATORS,
     GRPO_SCALES,
     POLICY_LOSSES,
     ADVANTAGE_SHAPINGS,
@@ -101,6 +102,8 @@ def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageCo
     out = {}
     for key, (name, overrides) in lens_estimators().items():
         if (name in CRITIC_ESTIMATORS and values is None) or (name in BASELINE_ESTIMATORS and baselines is None):
+            continue
+        if name in POLICY_STAT_ESTIMATORS:  # needs the policy's old log-probs and sum pi^2, which the lens has not
             continue
         out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values,
                                       baselines=baselines).advantages

@@ -212,17 +212,22 @@ def token_columns(x: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str,
 
 
 def advantage_example(name: str, rewards: Sequence[float], lengths: Sequence[int], cfg: AdvantageConfig, *,
-                      values: Sequence[float] | None = None, baselines: Sequence[float] | None = None) -> pd.DataFrame:
+                      values: Sequence[float] | None = None, baselines: Sequence[float] | None = None,
+                      token_probs: Sequence[float] | None = None,
+                      sum_pi_squared: Sequence[float] | None = None) -> pd.DataFrame:
     """One batch through ``compute_advantages(name, ...)``: completion i has reward r_i and
     lengths[i] tokens, groups of cfg.group_size contiguous. values (B,): the critic's V on every
-    token of completion i (critic estimators); baselines (B,) (baseline estimators). Rewards in
+    token of completion i (critic estimators); baselines (B,) (baseline estimators); token_probs
+    and sum_pi_squared (B,): pi_old of each sampled token and sum_v pi_v^2 at each position of
+    completion i (policy-statistics estimators: old_logp = log token_probs). Rewards in
     REWARD_DTYPE, as the engine. -> one row per completion: group, reward, length, A_t0.. per
     token (empty on padding), and R_t0.. (returns) where they differ from the advantages."""
     if len(lengths) != len(rewards):
         raise ValueError(f"lengths has {len(lengths)} entries but rewards has {len(rewards)}: give one length per completion")
     if any(n < 1 or n != int(n) for n in lengths):
         raise ValueError(f"lengths={list(lengths)}: each completion needs a whole number of tokens >= 1")
-    for label, given in (("values", values), ("baselines", baselines)):
+    for label, given in (("values", values), ("baselines", baselines), ("token_probs", token_probs),
+                         ("sum_pi_squared", sum_pi_squared)):
         if given is not None and len(given) != len(rewards):
             raise ValueError(f"{label} has {len(given)} entries but rewards has {len(rewards)}: give one per completion")
     G = cfg.group_size
@@ -231,9 +236,13 @@ def advantage_example(name: str, rewards: Sequence[float], lengths: Sequence[int
     r = torch.tensor(list(rewards), dtype=REWARD_DTYPE)
     _, mask = padded([[0.0] * int(n) for n in lengths])
     mask = mask.to(REWARD_DTYPE)
-    v = None if values is None else torch.tensor(list(values), dtype=REWARD_DTYPE)[:, None] * mask
     b = None if baselines is None else torch.tensor(list(baselines), dtype=REWARD_DTYPE)
-    out = compute_advantages(name, r, mask, cfg, values=v, baselines=b)
+    def per_token(given: Sequence[float] | None) -> torch.Tensor | None:
+        return None if given is None else torch.tensor(list(given), dtype=REWARD_DTYPE)[:, None] * mask
+
+    old_logp = None if token_probs is None else torch.log(torch.tensor(list(token_probs), dtype=REWARD_DTYPE))[:, None] * mask
+    out = compute_advantages(name, r, mask, cfg, values=per_token(values), baselines=b, old_logp=old_logp,
+                             sum_pi_squared=per_token(sum_pi_squared))
     table = {"group": [i // G for i in range(len(r))], "reward": [float(x) for x in r], "length": [int(n) for n in lengths]}
     table.update(token_columns(out.advantages.double(), mask, "A_t"))
     if not torch.equal(out.returns, out.advantages):
