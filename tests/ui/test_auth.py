@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from workbench import runs as wr
 from workbench.ui.auth import auth_policy, check_user_name, is_local_address, password_matches
+from workbench.runs.authz import local_principal
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
@@ -99,7 +100,7 @@ def test_owner_of_a_launch_from_the_page_is_the_signed_in_user(home, monkeypatch
         assert runs["created_by"].tolist() == ["dave"]
     finally:
         for run_id in runs["id"]:
-            wr.cancel(run_id, store=store, grace_s=5)
+            wr.cancel(run_id, principal=local_principal(), store=store, grace_s=5)
 
 
 # A click the server takes although it drew the button disabled: what Streamlit before 1.61 does
