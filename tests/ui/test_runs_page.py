@@ -139,8 +139,8 @@ def test_algorithm_column_shows_the_preset_not_the_run_name(home, store):
     from workbench.recipe import load_recipe
 
     named = wr.launch(load_recipe("dapo", ["name=my-experiment", "train.steps=1"]), store=store, principal=Principal("t", "admin", "test"))
-    tweaked = wr.launch(load_recipe("grpo", ["name=wider", "algorithm.eps_high=0.5", "train.steps=1"]), principal=local_principal(), store=store,
-                        created_by="t")
+    tweaked = wr.launch(load_recipe("grpo", ["name=wider", "algorithm.eps_high=0.5", "train.steps=1"]), principal=Principal("t", "admin", "test"),
+                        store=store)
     try:
         df = page("runs_page").run().dataframe[0].value.set_index("id")
         assert df.loc[named, "name"] == "my-experiment" and df.loc[named, "algorithm"] == "dapo"
