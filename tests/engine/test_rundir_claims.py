@@ -185,7 +185,7 @@ def test_the_service_refuses_an_occupied_run_directory_and_leaves_no_row(fresh_h
     """A run id whose directory already exists (e.g. restored from a backup): the launch is refused,
     the directory untouched (the old code removed it on the way out) and no row left."""
     from workbench.runs import RunError, RunStore
-    from workbench.runs import service
+    from workbench.runs import lifecycle as service  # where launch names its runs
 
     existing = fresh_home / "runs" / "taken-id"
     unrelated_folder(existing)
