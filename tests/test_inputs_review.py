@@ -87,9 +87,9 @@ def test_every_preset_round_trips_through_to_yaml():
 def test_launch_planned_without_the_argument_refuses_an_unlisted_module(fresh_home, modules):  # noqa: F811
     planned = wr.plan_runs([_recipe(EVIL)])
     with pytest.raises(ValueError, match=f"reward_funcs='{EVIL}' is not allowed"):
-        wr.launch_planned(planned)
+        wr.launch_planned(planned, principal=local_principal())
     with pytest.raises(ValueError, match=f"reward_funcs='{EVIL}' is not allowed"):
-        wr.launch(planned[0].recipe)
+        wr.launch(planned[0].recipe, principal=local_principal())
     assert not modules["evilmod"].exists() and leftovers(fresh_home) == []
 
 
@@ -110,7 +110,7 @@ def test_the_cli_launch_still_imports_a_users_module(fresh_home, modules, tmp_pa
     assert res.returncode == 0, res.stderr[-2000:]
     assert modules["evilmod"].exists()
     run_id = res.stdout.split()[0]
-    wr.cancel(run_id, store=wr.RunStore(), grace_s=5)
+    wr.cancel(run_id, principal=local_principal(), store=wr.RunStore(), grace_s=5)
 
 
 # ---- names ---------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def test_names_the_recipe_refuses_are_refused_by_the_run_check(name):
 
 
 def test_a_run_named_my_run_launches_into_a_slug_directory(full_queue):  # noqa: F811
-    [run_id] = wr.launch_planned(wr.plan_runs([load_recipe("grpo", ["name='my run été'", "train.steps=1"])]),
+    [run_id] = wr.launch_planned(wr.plan_runs([load_recipe("grpo", ["name='my run été'", "train.steps=1"])]), principal=local_principal(),
                                  store=full_queue)
     run = full_queue.get_run(run_id)
     assert run["name"] == "my run été" and run_id.startswith("my-run-ete-")
@@ -170,3 +170,4 @@ def _leaves(value):
 
 
 from tests.runs.test_arms import full_queue  # noqa: E402,F401  (a home whose CPU slot is held: launches queue)
+from workbench.runs.authz import local_principal

@@ -16,6 +16,7 @@ import pytest
 from tests.test_cli import assert_one_line_error, cli, leftovers
 from workbench import runs as wr
 from workbench.recipe import load_recipe
+from workbench.runs.authz import local_principal
 from workbench.ui.recipe_form import field_specs, parse_field, validate_form
 
 EVIL = "evilmod:reward"
@@ -63,7 +64,7 @@ def test_the_app_launch_refuses_an_unlisted_reference_before_importing_it(fresh_
     _allow(fresh_home, GOOD)
     planned = wr.plan_runs([_recipe(EVIL)])  # planning imports nothing
     with pytest.raises(ValueError, match=f"reward_funcs='{EVIL}' is not allowed in the app; allowed: .*{GOOD}"):
-        wr.launch_planned(planned, reward_funcs_allowed=allowed_reward_refs())
+        wr.launch_planned(planned, principal=local_principal(), reward_funcs_allowed=allowed_reward_refs())
     assert not modules["evilmod"].exists()
     assert leftovers(fresh_home) == []
 

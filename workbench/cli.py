@@ -143,7 +143,7 @@ def _stored_recipe(run_id: str) -> str | None:
     from workbench.runs import RunError, RunStore
 
     try:
-        return RunStore().get_run(run_id)["recipe"]
+        return RunStore().get_run(run_id).recipe
     except RunError:
         return None
 

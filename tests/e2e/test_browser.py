@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.conftest import PASSWORD
 from workbench.runs import RunStore, cancel
+from workbench.runs.authz import local_principal
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -65,7 +66,7 @@ def store(e2e_home):
     store = RunStore(e2e_home / "runs.db")
     yield store
     for run_id in store.list_runs(status=None)["id"]:
-        cancel(run_id, store=store, grace_s=5)
+        cancel(run_id, principal=local_principal(), store=store, grace_s=5)
 
 
 def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, screenshots):

@@ -11,6 +11,7 @@ import pytest
 
 from workbench.engine import rundir
 from workbench.recipe import load_recipe
+from workbench.runs.authz import local_principal
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = load_recipe("grpo").to_yaml()
@@ -184,7 +185,7 @@ def test_the_service_refuses_an_occupied_run_directory_and_leaves_no_row(fresh_h
     """A run id whose directory already exists (e.g. restored from a backup): the launch is refused,
     the directory untouched (the old code removed it on the way out) and no row left."""
     from workbench.runs import RunError, RunStore
-    from workbench.runs import service
+    from workbench.runs import lifecycle as service  # where launch names its runs
 
     existing = fresh_home / "runs" / "taken-id"
     unrelated_folder(existing)
@@ -192,7 +193,7 @@ def test_the_service_refuses_an_occupied_run_directory_and_leaves_no_row(fresh_h
     monkeypatch.setattr(service, "new_run_id", lambda name: "taken-id")
     store = RunStore()
     with pytest.raises(RunError, match="not empty"):
-        service.launch(load_recipe("grpo"), store=store)
+        service.launch(load_recipe("grpo"), principal=local_principal(), store=store)
     assert snapshot(existing) == before
     assert store.runs() == []
 

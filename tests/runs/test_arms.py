@@ -22,6 +22,7 @@ from workbench.analysis import final_window_values, pairwise
 from workbench.runs import (MAX_RUNS_PER_LAUNCH, RunError, RunStore, Settings, cancel, parse_sweep, plan_runs,
                             quickstart_plan, save_settings)
 from workbench.runs.launchers.local import _start_time
+from workbench.runs.authz import local_principal
 
 # ---- the plan: pure, validated, torch-free -----------------------------------------------------
 
@@ -107,7 +108,7 @@ def full_queue(tmp_path, monkeypatch):
     yield store
     for run in store.runs(["queued", "starting", "running"]):
         if run["id"] != "blocker":
-            cancel(run["id"], store=store, grace_s=1.0)
+            cancel(run["id"], principal=local_principal(), store=store, grace_s=1.0)
     sleeper.kill()
     sleeper.wait()
 
@@ -239,12 +240,12 @@ def test_a_group_keeps_its_arms_honest(full_queue):
     already has (a copy, not a replicate), is refused and nothing is launched."""
     from workbench.runs import launch_planned
 
-    first = launch_planned(plan_runs(["grpo"], seeds=2), group="g", store=full_queue)
+    first = launch_planned(plan_runs(["grpo"], seeds=2), group="g", principal=local_principal(), store=full_queue)
     other = plan_runs(["grpo"], overrides=["algorithm.eps_high=0.3"])
     with pytest.raises(RunError, match=r"already has arm 'grpo' with algorithm.eps_high=0.2, this launch has algorithm.eps_high=0.3"):
-        launch_planned(other, group="g", store=full_queue)
+        launch_planned(other, group="g", principal=local_principal(), store=full_queue)
     with pytest.raises(RunError, match=r"arm 'grpo' with seed\(s\) \[0, 1\].*--set train.seed=2"):
-        launch_planned(plan_runs(["grpo"], seeds=3), group="g", store=full_queue)
+        launch_planned(plan_runs(["grpo"], seeds=3), group="g", principal=local_principal(), store=full_queue)
     assert sorted(r["id"] for r in full_queue.arms("g")["grpo"]) == sorted(first)
-    more = launch_planned(plan_runs(["grpo"], seeds=2, overrides=["train.seed=2"]), group="g", store=full_queue)
+    more = launch_planned(plan_runs(["grpo"], seeds=2, overrides=["train.seed=2"]), group="g", principal=local_principal(), store=full_queue)
     assert [r["seed"] for r in full_queue.arms("g")["grpo"]] == [0, 1, 2, 3] and len(more) == 2

@@ -24,6 +24,7 @@ from workbench.runs import RunStore, Settings, launch, sync, wait
 from workbench.runs.launchers import LAUNCHERS
 from workbench.runs.launchers.base import UnreadableLine, log_cause, parse_events, read_file_events
 from workbench.runs.launchers.local import _start_time
+from workbench.runs.authz import local_principal
 
 STEPS = 12
 
@@ -49,7 +50,7 @@ def test_events_file_replaced_or_truncated_mid_run_loses_no_step(fresh_home, fau
     truncation in place lost the step appended to the torn line. The trainer is paused (SIGSTOP)
     while the file is changed, so what happens is exact: the collector has every line so far."""
     store = RunStore()
-    run_id = launch(load_recipe("grpo", [f"train.steps={STEPS}", "logging.diagnostics_sequences=1"]), store=store)
+    run_id = launch(load_recipe("grpo", [f"train.steps={STEPS}", "logging.diagnostics_sequences=1"]), principal=local_principal(), store=store)
     _wait_for(lambda: store.get_run(run_id)["last_step"] >= 2, store, timeout=180)
     run = store.get_run(run_id)
     pgid, path = run["handle"]["pgid"], Path(run["run_dir"]) / EVENTS_FILE

@@ -19,6 +19,7 @@ from tests.helpers import live_processes
 from workbench.engine.events import read_events
 from workbench.recipe import load_recipe
 from workbench.runs import TERMINAL_STATUSES, LaunchError, RunStore, Settings, cancel, launch, save_settings, sync, wait
+from workbench.runs.authz import Principal, local_principal
 
 QUICK = ["train.steps=4", "logging.samples_per_step=2", "logging.diagnostics_sequences=4"]
 
@@ -45,7 +46,7 @@ def _steps_in_events(run_dir) -> list[int]:
 def test_detached_run_lands_in_the_store(fresh_home):
     store = RunStore()
     assert store.path == fresh_home / "runs.db"
-    run_id = launch(load_recipe("grpo", QUICK), tags=["smoke"], notes="first", created_by="ann", store=store)
+    run_id = launch(load_recipe("grpo", QUICK), tags=["smoke"], notes="first", principal=Principal("ann", "admin", "test"), store=store)
     assert wait(run_id, store=store, timeout_s=180) == "finished"
     run = store.get_run(run_id)
     assert (run["created_by"], run["tags"], run["target"], run["last_step"], run["error"]) == ("ann", ["smoke"], "local", 3, None)
@@ -61,7 +62,7 @@ def test_detached_run_lands_in_the_store(fresh_home):
 
 def test_kill_9_mid_run_fails_and_keeps_every_step(fresh_home):
     store = RunStore()
-    run_id = launch(load_recipe("grpo", ["train.steps=400"]), store=store)
+    run_id = launch(load_recipe("grpo", ["train.steps=400"]), principal=local_principal(), store=store)
     _wait_for(lambda: store.get_run(run_id)["last_step"] >= 3, store)
     pgid = store.get_run(run_id)["handle"]["pgid"]
     trainer = [pid for pid, cmd in _group_pids(pgid) if "-m workbench train" in cmd and "accelerate" not in cmd]
@@ -91,7 +92,7 @@ def test_kill_9_of_the_launcher_or_wrapper_is_followed_to_the_trainers_last_step
     wrote lands in the store, and the final status is the one the trainer itself recorded."""
     steps = 24
     store = RunStore()
-    run_id = launch(load_recipe("grpo", [f"train.steps={steps}"]), store=store)
+    run_id = launch(load_recipe("grpo", [f"train.steps={steps}"]), principal=local_principal(), store=store)
     _wait_for(lambda: store.get_run(run_id)["last_step"] >= 2, store)
     run = store.get_run(run_id)
     os.kill(_launcher_parent(run) if victim == "launcher" else run["handle"]["pid"], signal.SIGKILL)
@@ -113,7 +114,7 @@ def test_collector_restart_mid_run_gives_no_gap_and_no_duplicate(fresh_home):
     This process never syncs, so every row in the store came from those collectors."""
     steps = 40
     store = RunStore()
-    run_id = launch(load_recipe("grpo", [f"train.steps={steps}"]), store=store)
+    run_id = launch(load_recipe("grpo", [f"train.steps={steps}"]), principal=local_principal(), store=store)
     run_dir = Path(store.get_run(run_id)["run_dir"])
     collect = [sys.executable, "-m", "workbench", "collect", "--interval", "0.1"]
     first = subprocess.Popen(collect)
@@ -139,9 +140,9 @@ def test_collector_restart_mid_run_gives_no_gap_and_no_duplicate(fresh_home):
 
 def test_cancel_sends_sigterm_and_the_run_records_cancelled(fresh_home):
     store = RunStore()
-    run_id = launch(load_recipe("ppo", ["train.steps=1000"]), store=store)
+    run_id = launch(load_recipe("ppo", ["train.steps=1000"]), principal=local_principal(), store=store)
     _wait_for(lambda: store.get_run(run_id)["last_step"] >= 1, store)
-    cancel(run_id, store=store)
+    cancel(run_id, principal=local_principal(), store=store)
     run = store.get_run(run_id)
     assert run["status"] == "cancelled"
     statuses = [e["status"] for e in read_events(Path(run["run_dir"])) if e["kind"] == "status"]
@@ -174,14 +175,14 @@ def test_cancel_kills_two_process_workers_in_their_own_sessions(fresh_home):
     """torch elastic starts the ranks with start_new_session=True: outside the run's process group.
     With no grace the cancel escalates at once, and must still reach both ranks."""
     store = RunStore()
-    run_id = launch(load_recipe("grpo", ["train.steps=1000"]), num_processes=2, store=store)
+    run_id = launch(load_recipe("grpo", ["train.steps=1000"]), num_processes=2, principal=local_principal(), store=store)
     _wait_for(lambda: store.get_run(run_id)["last_step"] >= 0, store, timeout=300)
     run = store.get_run(run_id)
     procs = _descendants(run["handle"]["pid"])
     pgid = run["handle"]["pgid"]
     ranks = [pid for pid in procs if os.getsid(pid) != pgid]
     assert len(ranks) == 2, procs  # the two ranks, each its own session
-    cancel(run_id, store=store, grace_s=0.0)
+    cancel(run_id, principal=local_principal(), store=store, grace_s=0.0)
     left = _still_running(procs)
     for pid in left:  # never leave a 1000-step run behind a failed test
         os.kill(pid, signal.SIGKILL)
@@ -192,8 +193,8 @@ def test_cancel_kills_two_process_workers_in_their_own_sessions(fresh_home):
 def test_queue_waits_for_a_free_cpu_slot(fresh_home):
     save_settings(Settings(cpu_slots=1))
     store = RunStore()
-    first = launch(load_recipe("grpo", QUICK), store=store)
-    second = launch(load_recipe("rloo", QUICK), store=store)
+    first = launch(load_recipe("grpo", QUICK), principal=local_principal(), store=store)
+    second = launch(load_recipe("rloo", QUICK), principal=local_principal(), store=store)
     assert store.get_run(second)["status"] == "queued" and not store.get_run(second)["handle"]
     assert wait(first, store=store, timeout_s=180) == "finished"
     assert wait(second, store=store, timeout_s=180) == "finished"
@@ -203,10 +204,10 @@ def test_queue_waits_for_a_free_cpu_slot(fresh_home):
 def test_cancel_a_queued_run_never_starts_it(fresh_home):
     save_settings(Settings(cpu_slots=1))
     store = RunStore()
-    first = launch(load_recipe("grpo", ["train.steps=400"]), store=store)
-    second = launch(load_recipe("rloo", QUICK), store=store)
-    cancel(second, store=store)
-    cancel(first, store=store)
+    first = launch(load_recipe("grpo", ["train.steps=400"]), principal=local_principal(), store=store)
+    second = launch(load_recipe("rloo", QUICK), principal=local_principal(), store=store)
+    cancel(second, principal=local_principal(), store=store)
+    cancel(first, principal=local_principal(), store=store)
     assert store.get_run(second)["status"] == "cancelled" and not store.get_run(second)["handle"]
     assert store.get_run(first)["status"] == "cancelled"
 
@@ -293,7 +294,7 @@ def test_a_run_name_is_a_label_and_its_id_and_directory_are_its_slug(fresh_home)
 
 def test_unknown_target_raises_launch_error(fresh_home):
     with pytest.raises(LaunchError, match="target='gopher' is not allowed"):
-        launch(load_recipe("grpo"), target="gopher", store=RunStore())
+        launch(load_recipe("grpo"), target="gopher", principal=local_principal(), store=RunStore())
 
 
 def _without_root_overrides() -> None:

@@ -11,6 +11,7 @@ from tests.helpers import live_processes
 from workbench.engine.events import read_events
 from workbench.recipe import load_recipe
 from workbench.runs import TERMINAL_STATUSES, RunStore, Settings, cancel, launch, save_settings, sync
+from workbench.runs.authz import local_principal
 
 ONE_STEP = ["train.steps=1", "logging.samples_per_step=1", "logging.diagnostics_sequences=1"]
 
@@ -67,7 +68,7 @@ def test_concurrent_launch_and_sync_start_each_queued_run_exactly_once(fresh_hom
     collectors = _Collectors(fresh_home)
     try:
         ids: list[str] = []
-        launchers = [threading.Thread(target=lambda n=n: ids.append(launch(load_recipe(n, ONE_STEP))))
+        launchers = [threading.Thread(target=lambda n=n: ids.append(launch(load_recipe(n, ONE_STEP), principal=local_principal())))
                      for n in ("grpo", "rloo", "grpo")]
         for thread in launchers:
             thread.start()
@@ -98,8 +99,8 @@ def test_cancel_of_a_queued_run_racing_with_its_start_leaves_nothing_running(fre
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     save_settings(Settings(cpu_slots=1))
     store = RunStore()
-    first = launch(load_recipe("grpo", ["train.steps=400"]), store=store)
-    second = launch(load_recipe("rloo", ONE_STEP), store=store)
+    first = launch(load_recipe("grpo", ["train.steps=400"]), principal=local_principal(), store=store)
+    second = launch(load_recipe("rloo", ONE_STEP), principal=local_principal(), store=store)
     deadline = time.monotonic() + 300
     while store.get_run(first)["last_step"] < 0:
         assert time.monotonic() < deadline
@@ -107,7 +108,8 @@ def test_cancel_of_a_queued_run_racing_with_its_start_leaves_nothing_running(fre
         time.sleep(0.2)
     collectors = _Collectors(fresh_home)
     try:
-        cancels = [threading.Thread(target=cancel, args=(i,), kwargs={"grace_s": 5.0}) for i in (first, second)]
+        cancels = [threading.Thread(target=cancel, args=(i,), kwargs={"grace_s": 5.0, "principal": local_principal()})
+                   for i in (first, second)]
         for thread in cancels:
             thread.start()
         for thread in cancels:

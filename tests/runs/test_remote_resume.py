@@ -35,6 +35,7 @@ from workbench.recipe import load_recipe
 from workbench.runs import LaunchError, RunError, RunStore, Settings, SlurmDefaults, launch, resume, sync, wait
 from workbench.runs.launchers import ssh
 from workbench.runs.settings import save_settings
+from workbench.runs.authz import local_principal
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = ["train.steps=5", "checkpoint.every=2", "task=arithmetic_four", STALLING]
@@ -148,7 +149,7 @@ def test_ssh_run_killed_after_a_checkpoint_resumes_on_the_host_and_equals_an_uni
     stalling, fixed = host(stall=True), host(stall=False)
     save_settings(fixed)  # what `runs resume` reads: the host's setup no longer stalls
     store = RunStore()
-    run_id = launch(load_recipe("grpo", OVERRIDES), target="ssh://testhost", store=store, settings=stalling,
+    run_id = launch(load_recipe("grpo", OVERRIDES), target="ssh://testhost", principal=local_principal(), store=store, settings=stalling,
                     trust_local_imports=True)  # as the CLI: the test's own reward module
     first = store.get_run(run_id)["handle"]
     remote_dir = Path(first["remote_dir"])
@@ -214,12 +215,12 @@ def test_ssh_resume_is_refused_while_the_attempt_before_still_runs_and_when_the_
         lost = store.get_run(run_id)
         down = Settings(ssh_hosts={"testhost": settings.ssh_hosts["testhost"].model_copy(update={"port": free_port()})})
         with pytest.raises(LaunchError, match="cannot tell now whether its processes on ssh://testhost have ended"):
-            resume(run_id, store=store, settings=down)
+            resume(run_id, principal=local_principal(), store=store, settings=down)
         assert store.get_run(run_id) == lost  # nothing changed
 
         with pytest.raises(LaunchError, match=rf"remote command failed \(exit 4\): process group {sleeper.pid} of "
                                               "the run is still running"):
-            resume(run_id, store=store, settings=settings)
+            resume(run_id, principal=local_principal(), store=store, settings=settings)
         run = store.get_run(run_id)
         assert run["status"] == "failed" and run["error"].startswith("resume failed: ")
         assert (remote_dir / "pgid").read_text() == f"{sleeper.pid}\n" and not (remote_dir / "run.sh").exists()
@@ -246,7 +247,7 @@ def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new
         cluster, app, monkeypatch, uninterrupted):
     store = RunStore()
     monkeypatch.setenv(STALL_ENV, STALL_STEP)  # inherited by the first job only
-    run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", store=store, settings=SLURM,
+    run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", principal=local_principal(), store=store, settings=SLURM,
                     trust_local_imports=True)
     run_dir = Path(store.get_run(run_id)["run_dir"])
     _sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
@@ -273,4 +274,4 @@ def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new
     _assert_resumed_equals_uninterrupted(store, run_id, run_dir, uninterrupted)
     assert store.get_run(run_id)["handle"]["job_id"] == handle["job_id"]
     with pytest.raises(RunError, match=f"run {run_id} is finished; only failed, cancelled, lost runs can be resumed"):
-        resume(run_id, store=store, settings=SLURM)
+        resume(run_id, principal=local_principal(), store=store, settings=SLURM)

@@ -17,6 +17,7 @@ from workbench.engine.events import read_events
 from workbench.recipe import load_recipe
 from workbench.runs import RunError, RunStore, launch, sync, wait
 from workbench.runs.launchers.base import parse_events
+from workbench.runs.authz import local_principal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def test_runs_resume_continues_a_killed_local_run_in_the_same_row(fresh_home, mo
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the run imports the stalling reward from tests/
     recipe = load_recipe("grpo", ["train.steps=5", "checkpoint.every=2", "task=arithmetic_four",
                                   "reward_funcs=['tests.engine.stalling_rewards:exact_match_stalling']"])
-    run_id = launch(recipe, store=store, trust_local_imports=True)  # as the CLI: the test's own reward module
+    run_id = launch(recipe, principal=local_principal(), store=store, trust_local_imports=True)  # as the CLI: the test's own reward module
     run_dir = Path(store.get_run(run_id)["run_dir"])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (store.get_run(run_id)["last_step"] >= 2 and list_checkpoints(run_dir)):

@@ -22,6 +22,7 @@ from workbench.recipe import load_recipe
 from workbench.runs import LaunchError, RunStore, Settings, SlurmDefaults, launch, wait
 from workbench.runs.launchers import LAUNCHERS
 from workbench.runs.launchers.slurm import SlurmLauncher
+from workbench.runs.authz import Principal
 
 QUICK = ["train.steps=3", "logging.samples_per_step=2", "logging.diagnostics_sequences=2"]
 SETTINGS = Settings(slurm=SlurmDefaults(partition="debug", account="lab", nodes=1, gpus_per_node=1, time="00:10:00"))
@@ -176,7 +177,7 @@ def test_cancel_escalates_to_scancel_after_the_grace(cluster, fresh_home):
 def test_through_the_run_service_into_the_store(cluster, fresh_home):
     """launch(target='slurm') -> sbatch -> the collector ingests every step exactly once."""
     store = RunStore()
-    run_id = launch(load_recipe("grpo", QUICK), target="slurm", store=store, settings=SETTINGS, created_by="t")
+    run_id = launch(load_recipe("grpo", QUICK), target="slurm", store=store, settings=SETTINGS, principal=Principal("t", "admin", "test"))
     assert wait(run_id, store=store, settings=SETTINGS, timeout_s=300) == "finished"
     run = store.get_run(run_id)
     assert (run["launcher"], run["handle"]["job_id"], run["last_step"]) == ("slurm", "4001", 2)

@@ -23,6 +23,7 @@ from workbench.recipe import load_recipe
 from workbench.runs import LaunchError, RunStore, Settings, SSHHost, cancel, launch, sync, wait
 from workbench.runs.launchers import ssh  # registers "ssh"
 from workbench.runs.service import launcher_for
+from workbench.runs.authz import Principal, local_principal
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 16
@@ -67,7 +68,7 @@ def _sync_until(store, settings, run_id, predicate, timeout=240.0):
 def test_stream_killed_mid_run_reattaches_and_every_step_lands_once(remote, store):
     settings, workdir = remote
     recipe = load_recipe("grpo", [f"train.steps={STEPS}"])
-    run_id = launch(recipe, target="ssh://testhost", store=store, settings=settings, created_by="test")
+    run_id = launch(recipe, target="ssh://testhost", store=store, settings=settings, principal=Principal("test", "admin", "test"))
     run = store.get_run(run_id)
     remote_dir = Path(run["handle"]["remote_dir"])
     assert remote_dir == workdir / "runs" / run_id
@@ -107,10 +108,10 @@ def test_stream_killed_mid_run_reattaches_and_every_step_lands_once(remote, stor
 
 def test_cancel_reaches_the_remote_process(remote, store):
     settings, workdir = remote
-    run_id = launch(load_recipe("grpo", ["train.steps=10000"]), target="ssh://testhost", store=store, settings=settings)
+    run_id = launch(load_recipe("grpo", ["train.steps=10000"]), target="ssh://testhost", principal=local_principal(), store=store, settings=settings)
     run = _sync_until(store, settings, run_id, lambda r: r["last_step"] >= 1)
     pgid = run["handle"]["pgid"]
-    cancel(run_id, store=store, settings=settings, grace_s=30)
+    cancel(run_id, principal=local_principal(), store=store, settings=settings, grace_s=30)
     run = store.get_run(run_id)
     assert run["status"] == "cancelled"
     events = [json.loads(line) for line in (Path(run["handle"]["remote_dir"]) / "events.jsonl").read_text().splitlines()]
@@ -135,7 +136,7 @@ def test_unknown_host_key_is_refused_with_instructions_and_nothing_starts(remote
     host = settings.ssh_hosts["testhost"].model_copy(update={"known_hosts": str(empty)})
     bad = Settings(ssh_hosts={"testhost": host})
     with pytest.raises(LaunchError) as err:
-        launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", store=store, settings=bad)
+        launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", principal=local_principal(), store=store, settings=bad)
     message = str(err.value)
     assert f"the host key of 127.0.0.1:{sshd.port} is not in known_hosts ({empty})" in message
     assert f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {empty}" in message
@@ -150,7 +151,7 @@ def test_unknown_host_key_is_refused_with_instructions_and_nothing_starts(remote
     wrong.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
     changed = Settings(ssh_hosts={"testhost": host.model_copy(update={"known_hosts": str(wrong)})})
     with pytest.raises(LaunchError, match="differs from the one in .*possible man-in-the-middle"):
-        launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", store=store, settings=changed)
+        launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", principal=local_principal(), store=store, settings=changed)
     assert store.list_runs().empty
 
     # only a host whose settings turn strict checking off gets its new key recorded (accept-new)
@@ -164,7 +165,7 @@ def test_unreachable_host_gives_a_clear_error_and_no_run(remote, store, sshd):
     port = free_port()  # nothing listens there
     down = Settings(ssh_hosts={"testhost": settings.ssh_hosts["testhost"].model_copy(update={"port": port})})
     with pytest.raises(LaunchError, match=rf"^ssh host 'testhost': host {sshd.user}@127\.0\.0\.1:{port} is unreachable"):
-        launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", store=store, settings=down)
+        launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", principal=local_principal(), store=store, settings=down)
     assert store.list_runs().empty
     # an unreachable host makes liveness unknown (None), never "dead": the store must not mark it lost
     fake = {"id": "x", "handle": {"remote_dir": str(workdir), "pgid": 1}}
@@ -323,7 +324,7 @@ def test_failing_setup_line_is_reported(remote, store):
     settings, workdir = remote
     host = settings.ssh_hosts["testhost"].model_copy(update={"setup": "source /nonexistent/venv/bin/activate"})
     bad = Settings(ssh_hosts={"testhost": host})
-    run_id = launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", store=store, settings=bad)
+    run_id = launch(load_recipe("grpo", ["train.steps=2"]), target="ssh://testhost", principal=local_principal(), store=store, settings=bad)
     assert wait(run_id, store=store, settings=bad, poll_s=0.2, timeout_s=60) == "failed"
     run = store.get_run(run_id)
     assert run["error"] == (f"the setup line of ssh host 'testhost' failed; see {run['handle']['remote_dir']}/stdout.log")

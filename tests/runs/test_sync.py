@@ -12,6 +12,7 @@ from workbench.runs import RunStore, Settings, cancel, delete, launch, sync
 from workbench.runs.launchers import ConfigError, target_scheme
 from workbench.runs.launchers.local import _start_time
 from workbench.runs.service import alive_check_due, launcher_for, usable_gpus
+from workbench.runs.authz import local_principal
 
 
 def _exited_process_handle() -> dict:
@@ -71,12 +72,12 @@ def test_run_on_an_ssh_host_removed_from_settings_is_lost(tmp_path):
     with pytest.raises(ConfigError, match="unknown ssh host 'gone'"):
         launcher_for("ssh://gone", Settings())
     _running_run(store, "r2", tmp_path / "r2", [], target="ssh://gone", handle=handle)
-    cancel("r2", store=store, settings=Settings())  # nothing can stop it now: lost, and deletable
+    cancel("r2", principal=local_principal(), store=store, settings=Settings())  # nothing can stop it now: lost, and deletable
     sync(store, Settings())
     for run_id in ("r1", "r2"):
         run = store.get_run(run_id)
         assert run["status"] == "lost" and "unknown ssh host 'gone'" in run["error"]
-    delete("r2", store=store, settings=Settings())
+    delete("r2", principal=local_principal(), store=store, settings=Settings())
     assert list(store.list_runs().id) == ["r1"]
 
 
@@ -101,7 +102,7 @@ def test_run_needing_more_gpus_than_exist_fails_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     store = RunStore()
-    run_id = launch(load_recipe("grpo"), num_processes=2, store=store, settings=Settings())
+    run_id = launch(load_recipe("grpo"), num_processes=2, principal=local_principal(), store=store, settings=Settings())
     run = store.get_run(run_id)
     assert (run["status"], run["handle"]) == ("failed", {})
     assert run["error"] == ("this run needs 2 GPUs (one per process) but only 1 can be used here "

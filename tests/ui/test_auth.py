@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from workbench import runs as wr
 from workbench.ui.auth import auth_policy, check_user_name, is_local_address, password_matches
+from workbench.runs.authz import local_principal
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
@@ -99,7 +100,7 @@ def test_owner_of_a_launch_from_the_page_is_the_signed_in_user(home, monkeypatch
         assert runs["created_by"].tolist() == ["dave"]
     finally:
         for run_id in runs["id"]:
-            wr.cancel(run_id, store=store, grace_s=5)
+            wr.cancel(run_id, principal=local_principal(), store=store, grace_s=5)
 
 
 # A click the server takes although it drew the button disabled: what Streamlit before 1.61 does
@@ -163,6 +164,75 @@ def test_forged_launch_and_settings_save_are_refused(signed_out, store):
     at.button(key="set_save").click().run()
     assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]
     assert not (signed_out / "settings.yaml").exists()
+
+
+
+def signed_in(at: AppTest, user: str, role: str) -> AppTest:
+    """A session signed in as ``user`` with ``role`` (what ``auth.sign_in`` leaves)."""
+    at.session_state["wb_user"], at.session_state["wb_role"], at.session_state["wb_authed"] = user, role, True
+    return at
+
+
+@pytest.fixture
+def two_passwords(home, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
+    monkeypatch.setenv("WORKBENCH_ADMIN_PASSWORD", "adm1n")
+    return home
+
+
+def test_the_password_gives_member_and_the_admin_password_admin(two_passwords):
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.sidebar.text_input(key="wb_login_user").input("bob")
+    at.sidebar.text_input(key="wb_login_password").input("s3cret")
+    sign_in_button(at).click().run()
+    assert (at.session_state["wb_user"], at.session_state["wb_role"]) == ("bob", "member")
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.sidebar.text_input(key="wb_login_user").input("root")
+    at.sidebar.text_input(key="wb_login_password").input("adm1n")
+    sign_in_button(at).click().run()
+    assert (at.session_state["wb_user"], at.session_state["wb_role"]) == ("root", "admin")
+
+
+def test_one_shared_password_signs_in_an_admin_as_before_roles(signed_out):
+    assert auth.sign_in("carol", "s3cret", address="198.51.100.7") is None  # no admin password set: everyone admin
+
+
+def test_a_member_may_not_touch_another_members_run_nor_the_settings(two_passwords, store):
+    from tests.ui.seed import add_run
+
+    theirs = add_run(store, owner="alice", name="theirs")
+    at = signed_in(forged("from workbench.ui import runs_page; runs_page.render()"), "bob", "member").run()
+    at.selectbox(key="runs_selected").select(theirs).run()
+    at.checkbox(key=f"runs_confirm:{theirs}").check().run()
+    needs = f"permission denied: delete run {theirs} by bob (member, shared password): needs to be the run's owner (alice)"
+    assert at.button(key="runs_delete").proto.help.startswith(needs)  # drawn disabled, saying why
+    at.button(key="runs_delete").click().run()
+    assert refusal(at) == [f"Refused: {needs} with role member, or role admin"]
+    at.text_area(key=f"runs_notes:{theirs}").input("mine now").run()
+    at.button(key="runs_save").click().run()
+    assert refusal(at)[0].startswith(f"Refused: permission denied: edit run {theirs} by bob")
+    assert (store.get_run(theirs).notes, len(store.runs())) == ("", 1)
+    at = signed_in(forged("from workbench.ui import settings_page; settings_page.render()"), "bob", "member").run()
+    at.number_input(key="set_cpu").set_value(3).run()
+    at.button(key="set_save").click().run()
+    assert refusal(at) == ["Refused: permission denied: settings by bob (member, shared password): needs role admin"]
+    assert not (two_passwords / "settings.yaml").exists()
+    at = signed_in(AppTest.from_string("from workbench.ui import settings_page; settings_page.render()"), "root",
+                   "admin").run()
+    at.number_input(key="set_cpu").set_value(3).run()
+    at.button(key="set_save").click().run()
+    assert not at.error and load_settings().cpu_slots == 3
+
+
+def test_a_member_manages_their_own_run(two_passwords, store):
+    from tests.ui.seed import add_run
+
+    mine = add_run(store, owner="bob", name="mine")
+    at = signed_in(AppTest.from_string("from workbench.ui import runs_page; runs_page.render()"), "bob", "member").run()
+    at.selectbox(key="runs_selected").select(mine).run()
+    at.text_area(key=f"runs_notes:{mine}").input("mine indeed").run()
+    at.button(key="runs_save").click().run()
+    assert not at.error and store.get_run(mine).notes == "mine indeed"
 
 
 # ---- limits on guessing (issue 17: 40 attempts in 38 s from four browsers, none refused) ----------

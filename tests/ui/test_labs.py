@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from tests.helpers import home_with_tiny_model
 from tests.viz.test_labs import values
 from workbench.recipe import load_recipe
+from workbench.runs.authz import Principal, local_principal
 
 torch.set_num_threads(1)
 
@@ -35,7 +36,7 @@ def launched_run(tmp_path_factory, tiny_model_dir, name: str, preset: str, overr
     from workbench.runs import RunStore, launch, wait
 
     store = RunStore()
-    run_id = launch(load_recipe(preset, overrides), target="local", created_by="test", store=store)
+    run_id = launch(load_recipe(preset, overrides), target="local", principal=Principal("test", "admin", "test"), store=store)
     assert wait(run_id, store=store, timeout_s=600) == "finished", store.get_run(run_id)
     old = config.get_option("server.address")
     config.set_option("server.address", "127.0.0.1")
@@ -237,7 +238,7 @@ def test_launch_button_needs_sign_in_and_launches_with_the_pages_settings(lab_ho
         assert not at.exception and at.success, [e.value for e in at.error]
         (run_id,) = at.session_state["compare_runs"]
         launched[key] = store.get_run(run_id)
-        cancel(run_id, store=store)
+        cancel(run_id, principal=local_principal(), store=store)
     assert {k: r["created_by"] for k, r in launched.items()} == {"gspo": "erin", "cispo": "erin"}
     gspo, cispo = (Recipe.from_yaml(launched[k]["recipe"]).algorithm for k in ("gspo", "cispo"))
     assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 0.1, 0.1)
@@ -313,7 +314,7 @@ def test_lens_lab_shows_the_run_it_just_launched(lab_home):
         assert new_id in at.success[0].value
         assert "No lens events yet" in at.info[-1].value  # lens_every = 2: they are coming
     finally:
-        cancel(new_id, store=store)
+        cancel(new_id, principal=local_principal(), store=store)
 
 
 def test_kl_lab_says_when_it_renormalises_and_prints_no_rounding_noise(lab_home):

@@ -10,6 +10,7 @@ from workbench import runs as wr
 from workbench.recipe import Algorithm, Recipe, load_recipe
 from workbench.recipe import preset_names
 from workbench.ui.recipe_form import comparison_recipes, field_rows, field_specs, is_relevant, validate_form
+from workbench.runs.authz import local_principal
 
 
 def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
@@ -164,7 +165,7 @@ def test_previous_run_as_starting_point(home, store):
 def cleanup(store):
     yield
     for run_id in store.list_runs()["id"]:
-        wr.cancel(run_id, store=store, grace_s=5)
+        wr.cancel(run_id, principal=local_principal(), store=store, grace_s=5)
 
 
 def test_launch_a_comparison_group_records_runs(home, store, cleanup):

@@ -8,6 +8,7 @@ from tests.ui.conftest import page
 from tests.ui.seed import LiveRun, add_run
 from workbench.ui.auth import auth_policy
 from workbench.viz.tables import filter_runs, runs_table
+from workbench.runs.authz import Principal, local_principal
 
 
 def seed(store):
@@ -137,16 +138,16 @@ def test_algorithm_column_shows_the_preset_not_the_run_name(home, store):
     from workbench import runs as wr
     from workbench.recipe import load_recipe
 
-    named = wr.launch(load_recipe("dapo", ["name=my-experiment", "train.steps=1"]), store=store, created_by="t")
-    tweaked = wr.launch(load_recipe("grpo", ["name=wider", "algorithm.eps_high=0.5", "train.steps=1"]), store=store,
-                        created_by="t")
+    named = wr.launch(load_recipe("dapo", ["name=my-experiment", "train.steps=1"]), store=store, principal=Principal("t", "admin", "test"))
+    tweaked = wr.launch(load_recipe("grpo", ["name=wider", "algorithm.eps_high=0.5", "train.steps=1"]), principal=Principal("t", "admin", "test"),
+                        store=store)
     try:
         df = page("runs_page").run().dataframe[0].value.set_index("id")
         assert df.loc[named, "name"] == "my-experiment" and df.loc[named, "algorithm"] == "dapo"
         assert df.loc[tweaked, "algorithm"] == "grpo (modified)"
     finally:
         for run_id in (named, tweaked):
-            wr.cancel(run_id, store=store, grace_s=5)
+            wr.cancel(run_id, principal=local_principal(), store=store, grace_s=5)
 
 
 def test_manage_selector_names_runs_without_a_status_that_could_go_stale(home, store):
@@ -180,7 +181,7 @@ def test_resume_button_only_for_failed_cancelled_or_lost_runs_and_it_relaunches_
         assert run["handle"]["command"].endswith(f"-m workbench train --resume {run['run_dir']}")
         assert [r["id"] for r in store.runs()] == [a, b, c, lost]  # no new run
     finally:
-        wr.cancel(c, store=store, grace_s=5)
+        wr.cancel(c, principal=local_principal(), store=store, grace_s=5)
 
 
 def test_runs_and_export_pages_show_where_the_trained_model_is(home, store):

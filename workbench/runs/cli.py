@@ -6,6 +6,11 @@
     runs cancel ID | runs resume ID | runs delete ID
     compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
+
+Who acts: the CLI acts as the local OS user (``getpass``) with role admin
+(``workbench.runs.authz.local_principal``), on the local store of the workbench home: that user
+can read and write the store file directly, so a lesser role would protect nothing. What it
+launches is recorded as theirs (``created_by``).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from workbench.console import report as _fail  # one line `error: ...`, exit 2, 
 
 def _cmd_launch(args) -> int:
     """Plan every (arm, seed) run and validate each one, then launch them all (or nothing)."""
-    from workbench.runs import RunStore, launch, launch_planned, parse_sweep, plan_runs, wait
+    from workbench.runs import RunStore, launch, launch_planned, local_principal, parse_sweep, plan_runs, wait
 
     planned = plan_runs(args.recipe, seeds=args.seeds, sweep=parse_sweep(args.sweep), overrides=args.set,
                         target=args.target, num_processes=args.processes)
     store = RunStore()
-    common = dict(target=args.target, tags=args.tag, notes=args.notes, num_processes=args.processes, store=store,
+    common = dict(principal=local_principal(), target=args.target, tags=args.tag, notes=args.notes,
+                  num_processes=args.processes, store=store,
                   trust_local_imports=True)  # the CLI user's own reward modules, as Python imports them
     if len(planned) > 1 or args.group:
         if args.name:
@@ -49,12 +55,12 @@ def _cmd_launch(args) -> int:
 def _progress_printer():
     shown: dict[str, tuple] = {}
 
-    def show(run: dict) -> None:
-        state = (run["status"], run["last_step"])
-        if shown.get(run["id"]) != state:
-            shown[run["id"]] = state
-            reward = "" if run["reward"] is None else f" reward={run['reward']:.3f}"
-            print(f"{run['id']}: {run['status']} step {run['last_step'] + 1}/{run['total_steps']}{reward}", file=sys.stderr)
+    def show(run) -> None:
+        state = (run.status, run.last_step)
+        if shown.get(run.id) != state:
+            shown[run.id] = state
+            reward = "" if run.reward is None else f" reward={run.reward:.3f}"
+            print(f"{run.id}: {run.status} step {run.last_step + 1}/{run.total_steps}{reward}", file=sys.stderr)
 
     return show
 
@@ -147,11 +153,11 @@ def _group_arms(store, group: str | None) -> dict:
 def _list_arms(store, group: str | None) -> int:
     """Per arm: its seeds, then one line per run (id, seed, status, progress, last reward)."""
     for arm, runs in _group_arms(store, group).items():
-        seeds = ", ".join(str(r["seed"]) for r in runs)
+        seeds = ", ".join(str(r.seed) for r in runs)
         print(f"{arm}  ({len(runs)} run{'s' if len(runs) != 1 else ''}; seeds {seeds})")
         for r in runs:
-            reward = "" if r["reward"] is None else f"  reward={r['reward']:.3f}"
-            print(f"  {r['id']}  seed={r['seed']}  {r['status']}  {r['last_step'] + 1}/{r['total_steps']}{reward}")
+            reward = "" if r.reward is None else f"  reward={r.reward:.3f}"
+            print(f"  {r.id}  seed={r.seed}  {r.status}  {r.last_step + 1}/{r.total_steps}{reward}")
     return 0
 
 
@@ -164,7 +170,7 @@ def _cmd_compare(args) -> int:
     store = _open_store()
     _sync_before_reading(store)
     arms = _group_arms(store, args.group)
-    frame = store.arm_metrics([r["id"] for runs in arms.values() for r in runs])
+    frame = store.arm_metrics([r.id for runs in arms.values() for r in runs])
     metric = args.metric or default_metric(frame)
     if metric is None or metric not in frame.columns:
         logged = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")]
@@ -187,54 +193,56 @@ def _cmd_compare(args) -> int:
     return 0
 
 
-def _show_run(store, run: dict, args) -> int:
-    shown = {k: v for k, v in run.items() if k not in ("recipe", "events_offset")}
+def _show_run(store, run, args) -> int:
+    shown = {k: v for k, v in run.to_dict().items() if k not in ("recipe", "events_offset")}
     print(json.dumps(shown, indent=2, default=str))
-    print("--- recipe ---\n" + run["recipe"], end="")
+    print("--- recipe ---\n" + run.recipe, end="")
     return 0
 
 
-def _cancel_run(store, run: dict, args) -> int:
-    from workbench.runs import cancel
+# The CLI acts as the local OS user with role admin (workbench.runs.authz.local_principal): it
+# works on the store file of the user's own home, which that user can change directly anyway.
+def _cancel_run(store, run, args) -> int:
+    from workbench.runs import cancel, local_principal
 
-    cancel(run["id"], store=store)
-    print(store.get_run(run["id"])["status"])
+    cancel(run.id, principal=local_principal(), store=store)
+    print(store.get_run(run.id).status)
     return 0
 
 
-def _resume_run(store, run: dict, args) -> int:
+def _resume_run(store, run, args) -> int:
     """Start a failed / cancelled / lost run again; it continues from its newest checkpoint."""
-    from workbench.runs import resume
+    from workbench.runs import local_principal, resume
 
-    latest = resume(run["id"], store=store)
+    latest = resume(run.id, principal=local_principal(), store=store)
     where = f"step {latest[0] + 1} (checkpoint {latest[1]})" if latest else "step 0 (no checkpoint yet)"
-    print(f"{run['id']}: {store.get_run(run['id'])['status']}, continuing at {where}")
+    print(f"{run.id}: {store.get_run(run.id).status}, continuing at {where}")
     return 0
 
 
-def _delete_run(store, run: dict, args) -> int:
-    from workbench.runs import delete
+def _delete_run(store, run, args) -> int:
+    from workbench.runs import delete, local_principal
 
-    delete(run["id"], store=store)
-    print(f"deleted {run['id']}")
+    delete(run.id, principal=local_principal(), store=store)
+    print(f"deleted {run.id}")
     return 0
 
 
-def _print_logs(store, run: dict, follow: bool) -> int:
+def _print_logs(store, run, follow: bool) -> int:
     """The run's metrics, one line per step (and its stdout log for local runs)."""
     from workbench.runs import TERMINAL_STATUSES
     from workbench.runs.launchers.base import STDOUT_FILE
 
-    log = Path(run["run_dir"]) / STDOUT_FILE
+    log = Path(run.run_dir) / STDOUT_FILE
     if log.exists():
         print(log.read_text(errors="replace"), end="")
     printed = -1
     while True:
-        frame = store.metrics([run["id"]])
+        frame = store.metrics([run.id])
         for row in frame[frame.step > printed].itertuples():
             print(f"step {row.step}: reward={getattr(row, 'reward', float('nan')):.4f}")
             printed = row.step
-        if not follow or store.get_run(run["id"])["status"] in TERMINAL_STATUSES:
+        if not follow or store.get_run(run.id).status in TERMINAL_STATUSES:
             return 0
         time.sleep(1.0)
         _sync_before_reading(store)

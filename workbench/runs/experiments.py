@@ -281,7 +281,7 @@ def report(store: RunStore, group: str, experiment: Experiment, window_frac: flo
     from workbench.analysis import arm_summary, final_window_values, pairwise
 
     window_frac = experiment.window if window_frac is None else window_frac
-    ids = [run["id"] for runs in store.arms(group).values() for run in runs]
+    ids = [run.id for runs in store.arms(group).values() for run in runs]
     frame = experiment_frame(store, ids, experiment)
     lines = [f"{experiment.title} (group {group}, {len(ids)} runs; final {window_frac:.0%} of steps)"]
     for metric in experiment.metrics:

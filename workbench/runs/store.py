@@ -48,14 +48,16 @@ import pandas as pd
 import yaml
 
 from workbench.home import workbench_home
+from workbench.runs.ingest import INT64_MAX, INT64_MIN, Event, Ignored, Rejected, check_event, is_int, is_number
+from workbench.runs.records import (ACTIVE_STATUSES, RESUMABLE_STATUSES, RUN_FIELDS, STATUSES, TERMINAL_STATUSES, NewRun,
+                                    Run, RunError)
+
+__all__ = ["ACTIVE_STATUSES", "INT64_MAX", "INT64_MIN", "RESUMABLE_STATUSES", "STATUSES", "TERMINAL_STATUSES", "NewRun", "Run",
+           "RunError", "RunStore", "StoreError"]
 
 STORE_FILE = "runs.db"
-ACTIVE_STATUSES = ("queued", "starting", "running")
-TERMINAL_STATUSES = ("finished", "failed", "cancelled", "lost")
-STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
 PAYLOAD_KINDS = ("metrics", "samples", "diagnostics")  # kinds stored one row per (run, step)
 PAYLOAD_TABLES = ("metrics", "samples", "diagnostics", "lens")  # every table keyed by (run, step)
-RESUMABLE_STATUSES = ("failed", "cancelled", "lost")  # runs that `runs resume` continues from their checkpoint
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -112,17 +114,12 @@ _DUPLICATE_SEEDS_SQL = ("SELECT grp, arm, seed, GROUP_CONCAT(id, ' ') AS ids FRO
                         " AND seed IS NOT NULL GROUP BY grp, arm, seed HAVING COUNT(*) > 1 ORDER BY grp, arm, seed")
 _JSON_COLUMNS = ("tags", "launch", "handle", "warnings", "sweep")
 MAX_WARNINGS = 20  # distinct warnings kept per run (a stream of bad lines must not grow the row without bound)
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # SQLite INTEGER
 _EMPTY_HANDLE = "{}"
 RUN_COLUMNS = ["id", "name", "algorithm", "arm", "seed", "status", "target", "launcher", "host", "created_by",
                "created_at", "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
                "error", "run_dir"]
 log = logging.getLogger(__name__)
 ARM_KEY_COLUMNS = ["run_id", "arm", "seed", "step"]  # the long frame's keys (workbench.analysis.stats.RUN_KEY_COLUMNS)
-
-
-class RunError(ValueError):
-    """A run that does not exist, or a request about a run that is not allowed (message says why)."""
 
 
 class StoreError(RunError):
@@ -223,6 +220,15 @@ class RunStore:
             with self._connect("immutable=1") as db:
                 yield db
 
+    @property
+    def identity(self) -> str:
+        """The store file: per-store caches (collectors, alive checks) are keyed by it."""
+        return str(self.path)
+
+    def is_open(self) -> bool:
+        """False once the home holding the file is gone: a collector of it stops."""
+        return self.path.parent.exists()
+
     def check_writable(self) -> None:
         """StoreError now if the file cannot be written (a no-op UPDATE still needs write access),
         so a command fails before it changes anything rather than half-way."""
@@ -246,48 +252,48 @@ class RunStore:
                    target: str, launcher: str, host: str, created_by: str, run_dir: str, group: str | None = None,
                    tags: Iterable[str] = (), notes: str = "", launch: dict | None = None, arm: str | None = None,
                    sweep: dict[str, Any] | None = None) -> str:
-        """Register a queued run. ``arm`` defaults to the run's name; its seed is read from the
-        recipe (``train.seed``), so the column cannot disagree with what the run trains with."""
-        self.create_runs([dict(run_id=run_id, name=name, algorithm=algorithm, recipe_yaml=recipe_yaml,
-                               total_steps=total_steps, target=target, launcher=launcher, host=host,
-                               created_by=created_by, run_dir=run_dir, group=group, tags=tags, notes=notes,
-                               launch=launch, arm=arm, sweep=sweep)])
+        """Register a queued run (``NewRun``'s fields). ``arm`` defaults to the run's name; its seed
+        is read from the recipe (``train.seed``), so the column cannot disagree with what the run
+        trains with."""
+        self.create_runs([NewRun(run_id=run_id, name=name, algorithm=algorithm, recipe_yaml=recipe_yaml,
+                                 total_steps=total_steps, target=target, launcher=launcher, host=host,
+                                 created_by=created_by, run_dir=run_dir, group=group, tags=tuple(tags), notes=notes,
+                                 launch=dict(launch or {}), arm=arm, sweep=dict(sweep or {}))])
         return run_id
 
-    def create_runs(self, runs: list[dict[str, Any]],
-                    check: Callable[[dict[str, dict[str, list[dict[str, Any]]]]], None] | None = None) -> list[str]:
-        """Register queued runs (each a dict of ``create_run``'s arguments) all or none, in ONE write
-        transaction: ``check(arms)`` sees, for each group of these runs, ``arms(group)`` as it is
-        inside that transaction and may raise to refuse; nobody else can add a run between the
-        check and the inserts. A seed another run of the same group and arm already has is
-        refused (RunError naming the seeds), by the check or by the unique index."""
-        groups = sorted({r["group"] for r in runs if r.get("group")})
+    def create_runs(self, runs: Iterable[NewRun | dict[str, Any]],
+                    check: Callable[[dict[str, dict[str, list[Run]]]], None] | None = None) -> list[str]:
+        """Register queued runs (each a ``NewRun``, or a dict of ``create_run``'s arguments) all or
+        none, in ONE write transaction: ``check(arms)`` sees, for each group of these runs,
+        ``arms(group)`` as it is inside that transaction and may raise to refuse; nobody else can
+        add a run between the check and the inserts. A seed another run of the same group and arm
+        already has is refused (RunError naming the seeds), by the check or by the unique index."""
+        runs = [NewRun.of(r) for r in runs]
+        groups = sorted({r.group for r in runs if r.group})
         with self._write() as db:
             if check is not None:
-                check({g: _arms_of([_run_dict(r) for r in db.execute("SELECT * FROM runs WHERE grp = ?"
-                                                                     " ORDER BY created_at, id", (g,))], g)
+                check({g: _arms_of([_record(r) for r in db.execute("SELECT * FROM runs WHERE grp = ?"
+                                                                   " ORDER BY created_at, id", (g,))], g)
                        for g in groups})
             now = time.time()  # + i microseconds: creation order is the given order
             for i, r in enumerate(runs):
-                arm, seed = r.get("arm") or r["name"], recipe_seed(r["recipe_yaml"])
-                if r.get("group") and seed is not None and db.execute(  # also where an older file lacks the index
-                        "SELECT 1 FROM runs WHERE grp = ? AND arm = ? AND seed = ?", (r["group"], arm, seed)).fetchone():
-                    raise _seed_taken(r["group"], arm, seed)
+                arm, seed = r.arm or r.name, recipe_seed(r.recipe_yaml)
+                if r.group and seed is not None and db.execute(  # also where an older file lacks the index
+                        "SELECT 1 FROM runs WHERE grp = ? AND arm = ? AND seed = ?", (r.group, arm, seed)).fetchone():
+                    raise _seed_taken(r.group, arm, seed)
                 try:
                     db.execute(
                         "INSERT INTO runs (id, name, algorithm, status, target, launcher, host, created_by, created_at,"
                         " grp, tags, notes, recipe, run_dir, launch, total_steps, arm, seed, sweep)"
                         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (r["run_id"], r["name"], r["algorithm"], "queued", r["target"], r["launcher"], r["host"],
-                         r["created_by"], now + i * 1e-6, r.get("group"), json.dumps(list(r.get("tags") or ())),
-                         r.get("notes", ""),
-                         r["recipe_yaml"], r["run_dir"], json.dumps(r.get("launch") or {}), r["total_steps"],
-                         arm, seed, json.dumps(r.get("sweep") or {})))
+                        (r.run_id, r.name, r.algorithm, "queued", r.target, r.launcher, r.host, r.created_by,
+                         now + i * 1e-6, r.group, json.dumps(list(r.tags)), r.notes, r.recipe_yaml, r.run_dir,
+                         json.dumps(r.launch), r.total_steps, arm, seed, json.dumps(r.sweep)))
                 except sqlite3.IntegrityError as err:
                     if "runs.grp" not in str(err):
                         raise
-                    raise _seed_taken(r["group"], arm, seed) from None
-        return [r["run_id"] for r in runs]
+                    raise _seed_taken(r.group, arm, seed) from None
+        return [r.run_id for r in runs]
 
     def duplicate_seeds(self) -> list[dict[str, Any]]:
         """(group, arm, seed, run ids) wherever runs of one arm share a seed: only in a file made
@@ -297,31 +303,31 @@ class RunStore:
             return [{"group": r["grp"], "arm": r["arm"], "seed": r["seed"], "ids": r["ids"].split()}
                     for r in db.execute(_DUPLICATE_SEEDS_SQL)]
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
-        """The run's row as a dict (``group``, parsed ``tags`` / ``handle`` / ``launch``)."""
+    def get_run(self, run_id: str) -> Run:
+        """The run's row as a ``Run`` (``group``, parsed ``tags`` / ``handle`` / ``launch``)."""
         with self._read() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise RunError(f"run id={run_id!r} does not exist; `python -m workbench runs list` shows the runs")
-        return _run_dict(row)
+        return _record(row)
 
-    def runs(self, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """Rows as dicts, oldest first (optionally only some statuses)."""
+    def runs(self, statuses: Iterable[str] | None = None) -> list[Run]:
+        """Runs, oldest first (optionally only some statuses)."""
         query, args = "SELECT * FROM runs", ()
         if statuses is not None:
             statuses = tuple(statuses)
             query += f" WHERE status IN ({','.join('?' * len(statuses))})"
             args = statuses
         with self._read() as db:
-            return [_run_dict(r) for r in db.execute(query + " ORDER BY created_at, id", args)]
+            return [_record(r) for r in db.execute(query + " ORDER BY created_at, id", args)]
 
     def list_runs(self, status: str | None = None, group: str | None = None, tag: str | None = None) -> pd.DataFrame:
         """Runs, newest first, as a DataFrame with columns ``RUN_COLUMNS``."""
         if status is not None and status not in STATUSES:
             raise RunError(f"status={status!r} is not allowed; one of: {', '.join(STATUSES)}")
         rows = [r for r in self.runs([status] if status else None)
-                if (group is None or r["group"] == group) and (tag is None or tag in r["tags"])]
-        frame = pd.DataFrame([{c: r[c] for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
+                if (group is None or r.group == group) and (tag is None or tag in r.tags)]
+        frame = pd.DataFrame([{c: getattr(r, c) for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
         frame = frame.astype({"seed": "Int64"})  # a run of an older file may have no known seed: <NA>, not 0.0
         return frame.iloc[::-1].reset_index(drop=True)
 
@@ -331,8 +337,8 @@ class RunStore:
                               " WHERE grp IS NOT NULL GROUP BY grp ORDER BY created_at DESC").fetchall()
         return pd.DataFrame([dict(r) for r in rows], columns=["group", "runs", "created_at"])
 
-    def arms(self, group: str) -> dict[str, list[dict[str, Any]]]:
-        """arm -> its runs (row dicts, each with ``seed``) in the group: arms in order of their first
+    def arms(self, group: str) -> dict[str, list[Run]]:
+        """arm -> its runs (each with ``seed``) in the group: arms in order of their first
         run, runs by seed then creation. ``{}`` for a group without runs."""
         return _arms_of(self.runs(), group)
 
@@ -411,7 +417,7 @@ class RunStore:
                 f" ended_at = NULL WHERE id = ? AND status IN ({','.join('?' * len(RESUMABLE_STATUSES))})",
                 (_EMPTY_HANDLE, json.dumps(launch), run_id, *RESUMABLE_STATUSES)).rowcount
         if not reopened:
-            status = self.get_run(run_id)["status"]  # raises for an unknown id
+            status = self.get_run(run_id).status  # raises for an unknown id
             raise RunError(f"run {run_id} is {status}; only {', '.join(RESUMABLE_STATUSES)} runs can be resumed")
 
     def set_status(self, run_id: str, status: str, *, error: str | None = None) -> bool:
@@ -444,10 +450,11 @@ class RunStore:
                 if not moved:
                     return 0
             for event in events:
-                try:
-                    new += _ingest_one(db, run_id, event)
-                except _BadEvent as err:
-                    bad.append(str(err))
+                outcome = _ingest_one(db, run_id, event)
+                if isinstance(outcome, str):
+                    bad.append(outcome)
+                else:
+                    new += outcome
             if bad:
                 db.execute("UPDATE runs SET skipped_events = skipped_events + ? WHERE id = ?", (len(bad), run_id))
                 noun = "event was" if len(bad) == 1 else "events were"
@@ -469,7 +476,7 @@ class RunStore:
         ``seed``, ``step``, ``time`` and every logged metric (NaN where a run did not log it)."""
         run_ids = list(run_ids)
         frame = self.metrics(run_ids)
-        runs = pd.DataFrame([{"run_id": r["id"], "arm": r["arm"], "seed": r["seed"]} for r in map(self.get_run, run_ids)],
+        runs = pd.DataFrame([{"run_id": r.id, "arm": r.arm, "seed": r.seed} for r in map(self.get_run, run_ids)],
                             columns=["run_id", "arm", "seed"])
         frame = runs.merge(frame, on="run_id", how="inner")
         first = [*ARM_KEY_COLUMNS, "time"]
@@ -572,7 +579,7 @@ def recipe_seed(recipe_yaml: str) -> int | None:
         return None
     train = data.get("train") if isinstance(data, dict) else None
     seed = (train or {}).get("seed", 0) if isinstance(train, (dict, type(None))) else None
-    return seed if _is_int(seed) else None
+    return seed if is_int(seed) else None
 
 
 def _seed_taken(group: str, arm: str, seed: int) -> RunError:
@@ -580,22 +587,30 @@ def _seed_taken(group: str, arm: str, seed: int) -> RunError:
                     "not a replicate; nothing was launched")
 
 
-def _arms_of(runs: list[dict[str, Any]], group: str) -> dict[str, list[dict[str, Any]]]:
-    """``RunStore.arms`` of row dicts (oldest first)."""
-    by_arm: dict[str, list[dict[str, Any]]] = {}
+def _arms_of(runs: list[Run], group: str) -> dict[str, list[Run]]:
+    """``RunStore.arms`` of runs (oldest first)."""
+    by_arm: dict[str, list[Run]] = {}
     for run in runs:
-        if run["group"] == group:
-            by_arm.setdefault(run["arm"], []).append(run)
-    return {arm: sorted(runs, key=lambda r: (r["seed"] is None, r["seed"] or 0, r["created_at"]))
-            for arm, runs in by_arm.items()}
+        if run.group == group:
+            by_arm.setdefault(run.arm, []).append(run)
+    return {arm: sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.created_at)) for arm, runs in by_arm.items()}
 
 
-def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
-    run = dict(row)
-    run["group"] = run.pop("grp")
-    for column in _JSON_COLUMNS:
-        run[column] = json.loads(run[column])
-    return run
+_COLUMN_OF = {"group": "grp"}  # Run field -> runs column, where they differ
+
+
+def _record(row: sqlite3.Row) -> Run:
+    """A ``runs`` row as a Run (JSON columns parsed; ``grp`` is ``group``)."""
+    columns = set(row.keys())
+    values = {}
+    for name in RUN_FIELDS:
+        column = _COLUMN_OF.get(name, name)
+        if column not in columns:  # a column an older file lacks (only while it cannot be migrated)
+            continue
+        value = row[column]
+        values[name] = json.loads(value) if column in _JSON_COLUMNS else value
+    values["cancel_requested"] = bool(values.get("cancel_requested"))
+    return Run(**values)
 
 
 def _add_warning(db: sqlite3.Connection, run_id: str, message: str) -> None:
@@ -622,125 +637,72 @@ def _apply_status(db: sqlite3.Connection, run_id: str, status: str, error: str |
     return current != status
 
 
-# -- ingest of one event: checked first, then applied by the handler of its kind ---------------------
-class _BadEvent(ValueError):
-    """An event line the store cannot use; it is skipped and counted."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _storable_number(value: Any) -> bool:
-    """A number SQLite and every reader can hold: an int within int64, or a finite float
-    (JSON text can carry ``12345678901234567890123``, ``1e999`` (inf), ``NaN``, ``Infinity``)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
-
-
-def _first_bad_number(event: Any) -> Any:
-    """The first number anywhere in ``event`` (nested lists/dicts) that ``_storable_number``
-    rejects, or None. Iterative: a deeply nested payload must not hit the recursion limit."""
-    todo = [event]
-    while todo:
-        value = todo.pop()
-        if isinstance(value, dict):
-            todo.extend(value.values())
-        elif isinstance(value, list):
-            todo.extend(value)
-        elif not _storable_number(value):
-            return value
-    return None
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
+# -- ingest: each event is checked by workbench.runs.ingest, then written by the writer of its kind --------
 def _insert_payload(db: sqlite3.Connection, table: str, run_id: str, step: int, when: float, data: Any) -> int:
     return db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?,?,?,?)", (run_id, step, when, json.dumps(data))).rowcount
 
 
-def _ingest_status(db, run_id, step, when, payload) -> int:
-    status = payload.get("status")
-    if status not in STATUSES:  # a status this version does not know would rank as terminal: ignore it
-        raise _BadEvent(f"status={status!r}")
-    return int(_apply_status(db, run_id, status, _text(payload.get("error")), when))
+def _write_status(db: sqlite3.Connection, run_id: str, event: Event) -> int:
+    return int(_apply_status(db, run_id, event.payload["status"], event.payload["error"], event.time))
 
 
-def _ingest_error(db, run_id, step, when, payload) -> int:
-    db.execute("UPDATE runs SET error = ? WHERE id = ?", (_text(payload.get("error")), run_id))
+def _write_error(db: sqlite3.Connection, run_id: str, event: Event) -> int:
+    db.execute("UPDATE runs SET error = ? WHERE id = ?", (event.payload["error"], run_id))
     return 0
 
 
-def _ingest_metrics(db, run_id, step, when, payload) -> int:
-    data = payload.get("metrics", {})
-    if not isinstance(data, dict):
-        raise _BadEvent("metrics is not an object")
-    added = _insert_payload(db, "metrics", run_id, step, when, data)
+def _write_metrics(db: sqlite3.Connection, run_id: str, event: Event) -> int:
+    data = event.payload["metrics"]
+    added = _insert_payload(db, "metrics", run_id, event.step, event.time, data)
     if added:
-        reward = data.get("reward") if _is_number(data.get("reward")) else None
+        reward = data.get("reward") if is_number(data.get("reward")) else None
         db.execute("UPDATE runs SET last_step = MAX(last_step, ?), reward = CASE WHEN ? >= last_step THEN ? ELSE reward END"
-                   " WHERE id = ?", (step, step, reward, run_id))
+                   " WHERE id = ?", (event.step, event.step, reward, run_id))
     return added
 
 
-def _ingest_samples(db, run_id, step, when, payload) -> int:
-    samples = payload.get("samples", [])
-    if not isinstance(samples, list) or not all(isinstance(x, dict) for x in samples):
-        raise _BadEvent("samples is not a list of objects")
-    return _insert_payload(db, "samples", run_id, step, when, samples)
-
-
-def _ingest_resume(db, run_id, step, when, payload) -> int:
+def _write_resume(db: sqlite3.Connection, run_id: str, event: Event) -> int:
     """A resumed attempt restarts at ``step``: the rows of that step and later came from the attempt
     before it (which died past its checkpoint) and are dropped, so the resumed attempt's rows are
     the only ones (``INSERT OR IGNORE`` would keep the old values). ``last_step`` and ``reward``
     go back to the last kept step. In a replay of the stream from the start, the attempt before
     may already have left a final status; the resume makes the run active again."""
     for table in PAYLOAD_TABLES:
-        db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
+        db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, event.step))
     last = db.execute("SELECT step, data FROM metrics WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,)).fetchone()
     reward = json.loads(last["data"]).get("reward") if last is not None else None
     db.execute("UPDATE runs SET last_step = ?, reward = ? WHERE id = ?",
-               (last["step"] if last is not None else -1, reward if _is_number(reward) else None, run_id))
+               (last["step"] if last is not None else -1, reward if is_number(reward) else None, run_id))
     db.execute("UPDATE runs SET status = 'running', ended_at = NULL, error = NULL WHERE id = ? AND status IN"
                f" ({','.join('?' * len(TERMINAL_STATUSES))})", (run_id, *TERMINAL_STATUSES))
-    for warning in payload.get("warnings") or []:  # e.g. a damaged checkpoint the resume skipped
-        if isinstance(warning, str):
-            _add_warning(db, run_id, warning[:500])
+    for warning in event.payload["warnings"]:  # e.g. a damaged checkpoint the resume skipped
+        _add_warning(db, run_id, warning)
     return 1
 
 
-_INGEST: dict[str, Callable[..., int]] = {
-    "resume": _ingest_resume,
-    "status": _ingest_status,
-    "error": _ingest_error,
-    "metrics": _ingest_metrics,
-    "samples": _ingest_samples,
-    "diagnostics": lambda db, run_id, step, when, payload: _insert_payload(db, "diagnostics", run_id, step, when, payload),
-    "lens": lambda db, run_id, step, when, payload: _insert_payload(db, "lens", run_id, step, when, payload),
+def _payload_writer(table: str, key: str | None = None) -> Callable[[sqlite3.Connection, str, Event], int]:
+    """A writer of one (run, step) row of ``table``: the payload's ``key`` (None: all of it)."""
+    return lambda db, run_id, event: _insert_payload(db, table, run_id, event.step, event.time,
+                                                     event.payload if key is None else event.payload[key])
+
+
+WRITERS: dict[str, Callable[[sqlite3.Connection, str, Event], int]] = {
+    "resume": _write_resume,
+    "status": _write_status,
+    "error": _write_error,
+    "metrics": _write_metrics,
+    "samples": _payload_writer("samples", "samples"),
+    "diagnostics": _payload_writer("diagnostics"),
+    "lens": _payload_writer("lens"),
 }
 
 
-def _ingest_one(db: sqlite3.Connection, run_id: str, event: Any) -> int:
-    """Apply one event; returns 1 if it added a row or changed the status. _BadEvent (nothing
-    written) for an event that is not a well-formed object; kinds of newer engines are ignored."""
-    if not isinstance(event, dict):
-        raise _BadEvent(f"not a JSON object: {repr(event)[:100]}")
-    bad = _first_bad_number(event)
-    if bad is not None:
-        raise _BadEvent(f"number {str(bad)[:40]} is out of range or not finite (kind={str(event.get('kind'))[:40]!r})")
-    kind, step, when = event.get("kind"), event.get("step", 0), event.get("time", time.time())
-    if not _is_int(step) or step < 0 or not _is_number(when):
-        raise _BadEvent(f"step={str(step)[:40]} time={str(when)[:40]} (kind={str(kind)[:40]!r})")
-    handler = _INGEST.get(kind) if isinstance(kind, str) else None
-    if handler is None:
+def _ingest_one(db: sqlite3.Connection, run_id: str, raw: Any) -> int | str:
+    """Check and apply one event: 1 if it added a row or changed the status, 0 if not (a replay,
+    a kind of a newer engine), or the reason it was refused (nothing written)."""
+    checked = check_event(raw, time.time())
+    if isinstance(checked, Rejected):
+        return checked.reason
+    if isinstance(checked, Ignored):
         return 0
-    payload = {k: v for k, v in event.items() if k not in ("kind", "step", "time")}
-    return handler(db, run_id, step, float(when), payload)
+    return WRITERS[checked.kind](db, run_id, checked)

@@ -9,6 +9,16 @@ actions stay disabled, and the page says how to set one. The name typed at sign-
 the owner (``created_by``) of what that session launches; it is kept in
 ``st.session_state["wb_user"]``.
 
+Roles (``workbench.runs.authz``): the app acts through the run service as a ``Principal`` built
+here (``current_principal``), and the service applies the one rule of who may do what. A session
+of an app that needs no sign-in (this machine only, no password) is the OS user with role admin,
+as the CLI is. A session signed in with the password is a member (launches, and cancels,
+resumes, deletes and edits its own runs) when an admin password is also configured
+(``WORKBENCH_ADMIN_PASSWORD`` or ``st.secrets["admin_password"]``), and an admin (everything,
+other people's runs and the settings too) otherwise (one shared password: everyone is trusted
+alike, as before roles); signing in with the admin password makes an admin. A session that is
+not signed in where sign-in is needed is a viewer: it reads, and every action is refused.
+
 Guessing is limited server-wide (``signin_limits``): failed sign-ins are counted per client
 address and for the whole server in a SQLite ledger under the workbench home that every session
 and app process shares. The typed name is a label, not a key. After 5 failures each further one
@@ -20,7 +30,6 @@ settings. Every failed or refused attempt is logged (logger ``workbench.auth``, 
 
 from __future__ import annotations
 
-import getpass
 import hmac
 import logging
 import os
@@ -31,6 +40,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from workbench.home import workbench_home
+from workbench.runs.authz import LOCAL_AUTH, Principal, local_user_name, refusal
 from workbench.runs.settings import SettingsError, load_settings
 from workbench.ui.signin_limits import (
     GLOBAL_KEY,
@@ -47,6 +57,10 @@ log = logging.getLogger("workbench.auth")
 signin_clock = time.time
 
 PASSWORD_ENV = "WORKBENCH_PASSWORD"
+ADMIN_PASSWORD_ENV = "WORKBENCH_ADMIN_PASSWORD"
+PASSWORD_AUTH, NO_AUTH = "shared password", "not signed in"
+ROLE_KEY = "wb_role"
+ANONYMOUS = "anonymous"
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 USER_KEY, AUTHED_KEY = "wb_user", "wb_authed"
 _USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
@@ -97,16 +111,39 @@ def check_user_name(name: str) -> str:
     return name
 
 
-def configured_password() -> str | None:
-    """``WORKBENCH_PASSWORD`` if set, else ``st.secrets['password']``, else None."""
-    value = os.environ.get(PASSWORD_ENV)
+def _configured(env: str, secret_key: str) -> str | None:
+    """The environment variable ``env`` if set, else ``st.secrets[secret_key]``, else None."""
+    value = os.environ.get(env)
     if value:
         return value
     try:
-        secret = st.secrets.get("password")
+        secret = st.secrets.get(secret_key)
     except Exception:  # no secrets.toml at all: Streamlit raises instead of returning None
         secret = None
     return str(secret) if secret else None
+
+
+def configured_password() -> str | None:
+    """``WORKBENCH_PASSWORD`` if set, else ``st.secrets['password']``, else None."""
+    return _configured(PASSWORD_ENV, "password")
+
+
+def configured_admin_password() -> str | None:
+    """``WORKBENCH_ADMIN_PASSWORD`` if set, else ``st.secrets['admin_password']``, else None."""
+    return _configured(ADMIN_PASSWORD_ENV, "admin_password")
+
+
+def password_role(password: str) -> str | None:
+    """The role a sign-in with ``password`` gets (see the module docstring), None for a wrong one.
+    Both comparisons always run (constant time: which password matched does not show in timing)."""
+    expected, admin = configured_password(), configured_admin_password()
+    is_admin = bool(admin) and password_matches(password, admin)
+    is_member = bool(expected) and password_matches(password, expected)
+    if is_admin:
+        return "admin"
+    if is_member:
+        return "member" if admin else "admin"
+    return None
 
 
 def current_policy() -> Policy:
@@ -119,9 +156,19 @@ def current_user() -> str:
     if user:
         return user
     try:
-        return check_user_name(getpass.getuser())
-    except (ValueError, OSError, KeyError):
+        return check_user_name(local_user_name())
+    except ValueError:
         return "local"
+
+
+def current_principal() -> Principal:
+    """Who this session acts as, for the run service (see the module docstring): the OS user as
+    admin where no sign-in is needed, the signed-in name with its role, else a viewer."""
+    if not current_policy().required:
+        return Principal(current_user(), "admin", LOCAL_AUTH)
+    if st.session_state.get(AUTHED_KEY) and st.session_state.get(USER_KEY):
+        return Principal(st.session_state[USER_KEY], st.session_state.get(ROLE_KEY, "member"), PASSWORD_AUTH)
+    return Principal(ANONYMOUS, "viewer", NO_AUTH)
 
 
 def can_act() -> bool:
@@ -130,12 +177,14 @@ def can_act() -> bool:
     return not policy.required or bool(st.session_state.get(AUTHED_KEY))
 
 
-def blocked_reason() -> str | None:
-    """Why actions are disabled for this session (None when they are allowed)."""
-    if can_act():
-        return None
-    policy = current_policy()
-    return policy.reason if not policy.possible else "Sign in (sidebar) to launch, cancel or delete runs."
+def blocked_reason(action: str | None = None, run=None) -> str | None:
+    """Why this session may not act (None when it may): the sign-in policy first, then, for an
+    ``action`` (``workbench.runs.authz.RULES``; on ``run``), the service's own rule for this
+    session's principal. The service checks again when the action arrives."""
+    if not can_act():
+        policy = current_policy()
+        return policy.reason if not policy.possible else "Sign in (sidebar) to launch, cancel or delete runs."
+    return None if action is None else refusal(current_principal(), action, run)
 
 
 def signin_ledger() -> AttemptLedger:
@@ -190,14 +239,15 @@ def sign_in(user: str, password: str, address: str | None = None) -> str | None:
         log.warning("sign-in refused (locked for %.0f s more by %s): name=%r address=%s",
                     admission.wait_s, ",".join(admission.locked), user, address)
         return refusal_message(admission.locked, admission.wait_s)
-    if not password_matches(password, expected):
+    role = password_role(password)
+    if role is None:
         wait = ledger.wait_s(keys)
         log.warning("sign-in failed (wrong password): name=%r address=%s failures=%s next attempt in %.0f s",
                     user, address, admission.failures, wait)
         return "Wrong password." + (f" Too many failed sign-ins: try again in {describe_wait(wait)}." if wait else "")
     ledger.succeeded(keys)
-    log.info("sign-in: name=%r address=%s", user, address)
-    st.session_state[USER_KEY], st.session_state[AUTHED_KEY] = user, True
+    log.info("sign-in: name=%r role=%s address=%s", user, role, address)
+    st.session_state[USER_KEY], st.session_state[ROLE_KEY], st.session_state[AUTHED_KEY] = user, role, True
     return None
 
 
@@ -209,9 +259,10 @@ def sidebar() -> None:
             st.caption(f"User: **{current_user()}** (local). {policy.reason}")
             return
         if st.session_state.get(AUTHED_KEY):
-            st.caption(f"Signed in as **{st.session_state[USER_KEY]}**.")
+            st.caption(f"Signed in as **{st.session_state[USER_KEY]}** ({st.session_state.get(ROLE_KEY, 'member')}).")
             if st.button("Sign out", key="wb_sign_out"):
                 st.session_state.pop(USER_KEY, None)
+                st.session_state.pop(ROLE_KEY, None)
                 st.session_state.pop(AUTHED_KEY, None)
                 st.rerun()
             return

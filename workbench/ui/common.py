@@ -49,23 +49,28 @@ def any_active(runs: pd.DataFrame) -> bool:
     return bool(runs["status"].isin(ACTIVE_STATUSES).any()) if len(runs) else False
 
 
-def refused() -> bool:
-    """Check the sign-in policy again at the moment of an action; True (and the reason shown as
-    an error) when this session may not act. ``disabled=`` alone is not a gate: Streamlit before
-    1.61 accepts a click on a disabled button from a crafted client, and a button drawn enabled
-    can be clicked after the session signed out in another rerun."""
-    reason = auth.blocked_reason()
+def refused(action: str | None = None, run=None) -> bool:
+    """Check the sign-in policy (and, for an ``action``, the service's rule for this session's
+    principal) again at the moment of an action; True (and the reason shown as an error) when
+    this session may not act. ``disabled=`` alone is not a gate: Streamlit before 1.61 accepts a
+    click on a disabled button from a crafted client, and a button drawn enabled can be clicked
+    after the session signed out in another rerun. Nor is this check the gate: the service
+    authorises every action itself (``workbench.runs.authz``); this only says why early."""
+    reason = auth.blocked_reason(action, run)
     if reason:
         st.error(f"Refused: {reason}", icon=":material/lock:")
     return bool(reason)
 
 
-def guarded_button(label: str, *, key: str, disabled: bool = False, help: str | None = None, **kwargs) -> bool:
-    """A button that is disabled (with the reason as tooltip) when this session may not act, and
-    whose click counts only if the session may still act when it arrives."""
-    reason = auth.blocked_reason()
+def guarded_button(label: str, *, key: str, disabled: bool = False, help: str | None = None, action: str | None = None,
+                   run=None, **kwargs) -> bool:
+    """A button that is disabled (with the reason as tooltip) when this session may not act
+    (``action`` on ``run``: the service's rule, ``workbench.runs.authz.RULES``), and whose click
+    counts only if the session may still act when it arrives. The UI's affordance: the service
+    refuses the action itself all the same."""
+    reason = auth.blocked_reason(action, run)
     clicked = st.button(label, key=key, disabled=bool(reason) or disabled, help=reason or help, **kwargs)
-    return clicked and not refused()
+    return clicked and not refused(action, run)
 
 
 def blocked_notice() -> bool:
@@ -78,7 +83,7 @@ def blocked_notice() -> bool:
 
 def launch_and_remember(recipes: list[Recipe], group: str | None = None, *, target: str = "local",
                         tags: Iterable[str] = (), notes: str = "") -> list[str] | None:
-    """Launch one recipe (``group`` None) or a comparison group as the signed-in user; remember
+    """Launch one recipe (``group`` None) or a comparison group as this session's principal; remember
     the new runs so Live / Compare opens on them. Returns their ids, or None after showing why
     nothing was launched (not allowed, or the launcher's error naming the field at fault)."""
     if group is None and len(recipes) != 1:
@@ -93,17 +98,17 @@ def launch_and_remember(recipes: list[Recipe], group: str | None = None, *, targ
 
 def launch_planned_and_remember(planned: list[wr.PlannedRun], group: str | None = None, *, target: str = "local",
                                 tags: Iterable[str] = (), notes: str = "") -> list[str] | None:
-    """Launch the runs of ``wr.plan_runs`` (arms x seeds, already validated) as the signed-in user,
+    """Launch the runs of ``wr.plan_runs`` (arms x seeds, already validated) as this session's principal,
     all or nothing; remember them so Live / Compare opens on them. Returns their ids, or None
     after showing why nothing was launched. Reward functions are held to the app's list and the
     datasets read before anything is written (``wr.launch_planned``)."""
     from workbench.ui.recipe_form import allowed_reward_refs  # the app's rule: built-ins + settings' list
 
-    if refused():
+    if refused("launch"):
         return None
     try:
-        ids = wr.launch_planned(planned, group=group, target=target, tags=list(tags), notes=notes,
-                                created_by=auth.current_user(), store=store(), reward_funcs_allowed=allowed_reward_refs())
+        ids = wr.launch_planned(planned, principal=auth.current_principal(), group=group, target=target, tags=list(tags),
+                                notes=notes, store=store(), reward_funcs_allowed=allowed_reward_refs())
     except LAUNCH_ERRORS as err:
         st.error(str(err))
         return None

@@ -215,7 +215,7 @@ def _verdict(frame) -> tuple[str | None, float]:
 def _arm_sweeps(ids: list[str]) -> dict[str, dict]:
     """arm -> {swept field: value} for the selected runs of a sweep ({} when nothing was swept)."""
     runs = [store().get_run(i) for i in ids]
-    by_arm = {r["arm"]: r.get("sweep") or {} for r in runs}
+    by_arm = {r.arm: r.sweep or {} for r in runs}
     return by_arm if all(by_arm.values()) and len({frozenset(v) for v in by_arm.values()}) == 1 else {}
 
 

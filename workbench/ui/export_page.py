@@ -26,7 +26,7 @@ def _recipe() -> Recipe | None:
         final = wr.model_outputs(run)["final"]
         st.caption(f"Trained model: `{final}` (`AutoModelForCausalLM.from_pretrained(path)`)" if final is not None
                    else "Trained model: none yet (a run saves it in RUN_DIR/final when it finishes)")
-        return Recipe.from_yaml(run["recipe"])
+        return Recipe.from_yaml(run.recipe)
     except (RecipeError, wr.RunError) as err:
         st.error(str(err))
         return None

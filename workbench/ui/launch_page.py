@@ -98,7 +98,7 @@ def _starting_point() -> tuple[Recipe | None, str]:
         return None, ""
     run_id = st.selectbox("Run", runs["id"].tolist(), format_func=run_option(runs), key="launch_from_run")
     try:
-        return Recipe.from_yaml(store().get_run(run_id)["recipe"]), f"run:{run_id}"
+        return Recipe.from_yaml(store().get_run(run_id).recipe), f"run:{run_id}"
     except (RecipeError, wr.RunError) as err:
         st.error(f"run {run_id}: its recipe no longer validates: {err}")
         return None, ""

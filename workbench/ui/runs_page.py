@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench import runs as wr
+from workbench.ui import auth
 from workbench.ui.common import any_active, guarded_button, run_option, store
 from workbench.viz.curves import step_label
 from workbench.viz.tables import SORT_KEYS, all_tags, filter_runs, runs_table
@@ -49,15 +50,15 @@ def _run_status(run_id: str, drawn_status: str) -> None:
         run = store().get_run(run_id)
     except wr.RunError:
         return
-    if run["status"] != drawn_status:
+    if run.status != drawn_status:
         st.rerun(scope="app")
-    st.markdown(f"Status: **{run['status']}** · step {step_label(run['last_step'], run['total_steps'])} · "
-                f"target `{run['target']}` · owner {run['created_by']}")
-    if run["error"]:  # a cancel is the user's own doing: a notice, not an alarm
-        (st.info if run["status"] == "cancelled" else st.error)(f"{run['status']}: {run['error']}")
+    st.markdown(f"Status: **{run.status}** · step {step_label(run.last_step, run.total_steps)} · "
+                f"target `{run.target}` · owner {run.created_by}")
+    if run.error:  # a cancel is the user's own doing: a notice, not an alarm
+        (st.info if run.status == "cancelled" else st.error)(f"{run.status}: {run.error}")
 
 
-def _model_location(run: dict) -> None:
+def _model_location(run: wr.Run) -> None:
     """Where the run's trained policy is: the final HF directory, else its newest checkpoint."""
     outputs = wr.model_outputs(run)
     if outputs["final"] is not None:
@@ -68,10 +69,10 @@ def _model_location(run: dict) -> None:
         st.markdown(f"Newest checkpoint: step {step} · `{path}`")
 
 
-def _resume_help(run: dict) -> str:
-    remote_dir = (run["handle"] or run["launch"].get("previous_handle") or {}).get("remote_dir")
-    if run["launcher"] == "ssh" and remote_dir:  # its checkpoints are on the host (asking costs an ssh call)
-        return (f"Continue this run on ssh host {run['host']!r} from its newest checkpoint in "
+def _resume_help(run: wr.Run) -> str:
+    remote_dir = (run.handle or run.launch.get("previous_handle") or {}).get("remote_dir")
+    if run.launcher == "ssh" and remote_dir:  # its checkpoints are on the host (asking costs an ssh call)
+        return (f"Continue this run on ssh host {run.host!r} from its newest checkpoint in "
                 f"{remote_dir}/checkpoints (none there: from step 0)")
     checkpoint = wr.model_outputs(run)["checkpoint"]
     if checkpoint is None:
@@ -86,39 +87,36 @@ def _actions() -> None:
     st.subheader("Manage a run")
     run_id = st.selectbox("Run", runs["id"].tolist(), format_func=run_option(runs, status=False), key="runs_selected")
     run = store().get_run(run_id)
-    live = run["status"] in wr.ACTIVE_STATUSES
-    st.fragment(_run_status, run_every=1.0 if live else None)(run_id, run["status"])
+    st.fragment(_run_status, run_every=1.0 if run.active else None)(run_id, run.status)
     _model_location(run)
+    principal = auth.current_principal()  # the service authorises each action as this principal
     cols = st.columns(2)
     with cols[0]:
-        new_name = st.text_input("Name", value=run["name"], key=f"runs_name:{run_id}")
-        tags = st.text_input("Tags (comma separated)", value=", ".join(run["tags"]), key=f"runs_tags:{run_id}")
-        notes = st.text_area("Notes", value=run["notes"], key=f"runs_notes:{run_id}", height=68)
-        if guarded_button("Save name, tags and notes", key="runs_save"):
+        new_name = st.text_input("Name", value=run.name, key=f"runs_name:{run_id}")
+        tags = st.text_input("Tags (comma separated)", value=", ".join(run.tags), key=f"runs_tags:{run_id}")
+        notes = st.text_area("Notes", value=run.notes, key=f"runs_notes:{run_id}", height=68)
+        if guarded_button("Save name, tags and notes", key="runs_save", action="edit", run=run):
             try:
-                if new_name != run["name"]:
-                    store().rename(run_id, new_name.strip())
-                store().set_tags(run_id, [t.strip() for t in tags.split(",") if t.strip()])
-                store().set_notes(run_id, notes)
+                wr.edit_run(run_id, principal=principal, name=new_name.strip(), notes=notes, store=store(),
+                            tags=[t.strip() for t in tags.split(",") if t.strip()])
             except (ValueError, wr.RunError) as err:
                 st.error(str(err))
             else:
                 st.rerun()
     with cols[1]:
-        active = run["status"] in wr.ACTIVE_STATUSES
-        if guarded_button("Cancel run", key="runs_cancel", disabled=not active,
+        if guarded_button("Cancel run", key="runs_cancel", disabled=not run.active, action="cancel", run=run,
                           help="SIGTERM to the run's processes (SIGKILL after a grace period)"):
             try:
-                wr.cancel(run_id, store=store(), wait=False)
+                wr.cancel(run_id, principal=principal, store=store(), wait=False)
             except (wr.RunError, wr.LaunchError) as err:
                 st.error(str(err))
             else:
                 st.toast(f"Cancelling {run_id}")
                 st.rerun()
-        if guarded_button("Resume run", key="runs_resume", disabled=run["status"] not in wr.RESUMABLE_STATUSES,
-                          help=_resume_help(run)):
+        if guarded_button("Resume run", key="runs_resume", disabled=run.status not in wr.RESUMABLE_STATUSES,
+                          action="resume", run=run, help=_resume_help(run)):
             try:
-                wr.resume(run_id, store=store())
+                wr.resume(run_id, principal=principal, store=store())
             except (wr.RunError, wr.LaunchError) as err:
                 st.error(str(err))
             else:
@@ -130,9 +128,9 @@ def _actions() -> None:
             st.session_state["export_run"] = run_id
             st.switch_page(page("export"))
         confirm = st.checkbox("I want to delete this run and its files", key=f"runs_confirm:{run_id}")
-        if guarded_button("Delete run", key="runs_delete", disabled=not confirm):
+        if guarded_button("Delete run", key="runs_delete", disabled=not confirm, action="delete", run=run):
             try:
-                wr.delete(run_id, store=store())
+                wr.delete(run_id, principal=principal, store=store())
             except (wr.RunError, wr.LaunchError, OSError) as err:
                 st.error(str(err))
             else:

@@ -1,6 +1,6 @@
 """Settings: SSH hosts, SLURM defaults, CPU / GPU slots, the workbench home.
 
-Stored by ``workbench.runs.save_settings`` in settings.yaml under the home. No secrets live there
+Stored by ``workbench.runs.update_settings`` (admins only) in settings.yaml under the home. No secrets live there
 (SSH uses the user's keys by path). A host's ``python`` and ``setup`` lines run on that host, so
 the page shows them but only the settings file changes them: nothing typed here is executed.
 """
@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from workbench import runs as wr
 from workbench.home import workbench_home
 from workbench.recipe import format_validation_error
+from workbench.ui import auth
 from workbench.ui.common import guarded_button
 
 HOST_COLUMNS = ["name", "hostname", "user", "port", "identity_file", "known_hosts", "workdir", "strict_host_key_checking"]
@@ -92,7 +93,7 @@ def render() -> None:
         st.dataframe(pd.DataFrame([{"name": n, "python": h.python, "setup": h.setup} for n, h in settings.ssh_hosts.items()]),
                      hide_index=True)
 
-    if not guarded_button("Save settings", key="set_save", type="primary"):
+    if not guarded_button("Save settings", key="set_save", type="primary", action="settings"):
         return
     try:
         gpu_slots = int(gpu_text) if gpu_text.strip() else None
@@ -110,5 +111,9 @@ def render() -> None:
     except ValidationError as err:
         st.error(format_validation_error(err, wr.Settings).replace("invalid recipe:", "invalid settings:", 1))
         return
-    path = wr.save_settings(new)
+    try:  # the service authorises the save itself (admins only), whatever this page drew
+        path = wr.update_settings(new, principal=auth.current_principal())
+    except wr.PermissionDenied as err:
+        st.error(str(err))
+        return
     st.success(f"Saved to {path}")
