@@ -28,7 +28,7 @@ from workbench.runs.authz import local_principal
 
 
 def test_plan_is_recipes_x_grid_x_paired_seeds():
-    planned = plan_runs(["grpo", "rloo"], seeds=2, overrides=["train.seed=5"],
+    planned = plan_runs(["grpo", "rloo"], seeds=2, overrides=["train.seed=5", "train.mu=2"],  # mu 2: the clip acts
                         sweep=parse_sweep(["algorithm.eps_high=0.2,0.28", "algorithm.aggregation=token-mean"]))
     got = [(p.arm, p.seed, p.recipe.train.seed, p.recipe.algorithm.eps_high, p.recipe.algorithm.aggregation)
            for p in planned]
@@ -45,6 +45,21 @@ def test_plan_is_recipes_x_grid_x_paired_seeds():
     assert planned[2].sweep == {"algorithm.eps_high": 0.28, "algorithm.aggregation": "token-mean"}
     assert {p.recipe.algorithm.advantage for p in planned[:4]} == {"grpo"}
     assert {p.recipe.algorithm.advantage for p in planned[4:]} == {"rloo"}
+
+
+def test_a_sweep_of_a_field_with_no_effect_in_any_arm_is_refused_with_the_specs_reason(tmp_path):
+    # grpo: mu = 1, one minibatch: every ratio is 1, so the clip's eps_high changes nothing
+    with pytest.raises(RunError, match=r"--sweep algorithm.eps_high has no effect in any arm \(train.mu=1 and "
+                                       r"train.minibatches=1 \(one update per batch\)"):
+        plan_runs(["grpo"], seeds=2, sweep={"algorithm.eps_high": [0.2, 0.28]})
+    with pytest.raises(RunError, match=r"--sweep algorithm.sapo_tau_pos has no effect in any arm \(algorithm.policy_loss='clip' "
+                                       r"does not read it"):
+        plan_runs(["grpo"], sweep={"algorithm.sapo_tau_pos": [1.0, 2.0]}, overrides=["train.mu=2"])
+    # it acts in the mu = 2 arms: allowed, every arm planned
+    assert len(plan_runs(["grpo"], sweep={"train.mu": [1, 2], "algorithm.eps_high": [0.2, 0.28]})) == 4
+    assert len(plan_runs(["grpo"], sweep={"algorithm.eps_high": [0.2, 0.28]}, overrides=["train.minibatches=2"])) == 2
+    res = cli(tmp_path, "launch", "grpo", "--sweep", "algorithm.eps_high=0.2,0.28")
+    assert_one_line_error(res, "--sweep algorithm.eps_high has no effect in any arm")
 
 
 def test_a_swept_shared_field_is_not_forced_to_the_first_recipes_value():
@@ -115,7 +130,7 @@ def full_queue(tmp_path, monkeypatch):
 
 def test_cli_seeds_2_sweep_2_values_launches_exactly_4_runs(full_queue, tmp_path):
     res = cli(tmp_path, "launch", "grpo", "--seeds", "2", "--sweep", "algorithm.eps_high=0.2,0.28", "--group", "g",
-              "--set", "train.steps=1")
+              "--set", "train.steps=1", "--set", "train.mu=2")
     assert res.returncode == 0, res.stderr
     ids = res.stdout.split()
     assert len(ids) == 4

@@ -201,6 +201,9 @@ def test_seeds_and_a_sweep_launch_every_combination(home, store, cleanup):
     assert at.button(key="launch_go").label == "Launch 2 runs (1 arm x 2 seeds)"
     at.multiselect(key="launch_sweep_fields").select("algorithm.eps_high").run()
     at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, 0.28").run()
+    # grpo at mu = 1, one minibatch: the clip never acts, so this sweep is refused with the spec's reason
+    assert any(e.value.startswith("sweep algorithm.eps_high has no effect in any arm") for e in at.error)
+    at.text_input(key="rf:train.mu").input("2").run()
     assert not at.error
     assert at.button(key="launch_go").label == "Launch 4 runs (2 arms x 2 seeds)"
     at.button(key="launch_go").click().run()

@@ -169,7 +169,25 @@ def plan_runs(sources: Sequence[str | Recipe], *, seeds: int = 1, sweep: Mapping
                         raise
                     raise RecipeError(f"arm {arm!r} seed {seed} is not allowed: {err}") from None
                 planned.append(PlannedRun(arm=arm, seed=seed, recipe=recipe, sweep=point))
+    check_sweep_acts(grid, planned)
     return planned
+
+
+def check_sweep_acts(grid: Mapping[str, Sequence[Any]], planned: Sequence[PlannedRun]) -> None:
+    """Refuse a swept field that has no effect in any arm (``workbench.algorithms.inert_knobs``,
+    read from the specs: eps_high of the clip at mu = 1 with one minibatch, sapo_tau_* under another
+    loss, kl_estimator at kl_coef = 0): its arms would differ only by noise, a comparison with nothing
+    to find. A field that acts in at least one arm (swept beside train.mu, say) is allowed."""
+    from workbench.algorithms import inert_knobs
+
+    if not grid:
+        return
+    first_of_arm = {p.arm: p.recipe for p in planned}  # seeds of an arm share its settings
+    inert = [inert_knobs(recipe) for recipe in first_of_arm.values()]
+    for key in grid:
+        if inert and all(key in knobs for knobs in inert):
+            raise RunError(f"--sweep {key} has no effect in any arm ({inert[0][key]}): its arms would differ only by "
+                           "noise; sweep a field that acts, or change the setting named")
 
 
 def _yaml_text(value: Any) -> str:
