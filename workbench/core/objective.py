@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from .aggregation import aggregate_loss
+from .aggregation import aggregate_loss, batch_normalizers
 from .choices import PolicyLossConfig
 from .diagnostics import token_mean_metric
 from .kl import kl_per_token
@@ -126,7 +126,7 @@ def policy_objective(
     caller's choice: the behaviour policy's, or logp.detach() for a single pass). advantages,
     loss_mask, completion_mask (B, T). num_tokens / num_seqs / max_len: the aggregation's
     normalisers (global counts when this is a micro-batch of a larger batch or one rank's share;
-    None: this batch's own, core.aggregate_loss's default).
+    None: this batch's own, batch_normalizers of the given loss and completion masks).
     entropy (B, T): per-token entropy (differentiable when entropy_coef > 0; needed for the bonus,
     top-entropy and the ``entropy`` metric). rollout_logp (B, T): the rollout engine's log-probs
     (the off-policy mask compares with them when given, else with old_logp). ref_logp (B, T): the
@@ -150,6 +150,10 @@ def policy_objective(
     kl = kl_per_token(cfg.kl_estimator, logp, ref_logp, completion_mask) if (cfg.kl_coef != 0.0 and ref_logp is not None) else None
     objective = token_objective(pg, kl=kl, kl_coef=cfg.kl_coef if kl is not None else 0.0,
                                 entropy=entropy, entropy_coef=entropy_coef)
+    if num_tokens is None or num_seqs is None:
+        own_tokens, own_seqs = batch_normalizers(loss_mask, completion_mask)
+        num_tokens = own_tokens if num_tokens is None else num_tokens
+        num_seqs = own_seqs if num_seqs is None else num_seqs
     norm = dict(max_len=max_len, num_tokens=num_tokens, num_seqs=num_seqs)
     loss = aggregate_loss(cfg.aggregation, objective, m, **norm)
     metrics = {k: v.detach() for k, v in diag.metrics.items()}
