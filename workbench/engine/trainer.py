@@ -285,15 +285,13 @@ class Trainer:
     def _init(self, recipe: Recipe, stdout_events: bool) -> None:
         """The rest of the set-up before ``run``: the events file is opened last, so a failure
         before it leaves nothing of this run in the directory."""
-        self.tokens_seen = 0.0  # completion tokens (perf/tokens)
-        self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=recipe.train.staleness + 1)
         self.behaviour = None  # the stale copy that generates when train.staleness > 0 (full fine-tuning)
         a = recipe.algorithm
         # adaptive entropy control (core.entropy_control): state carried across updates and checkpoints
         self.entropy_control = EntropyControl(a.entropy_target, a.entropy_coef_delta, a.entropy_coef_min,
                                               a.entropy_coef_max) if a.use_adaptive_entropy else None
-        self.entropy_state = EntropyControlState(coef=a.entropy_coef)
+        self.state = checkpoint.TrainState(entropy=EntropyControlState(coef=a.entropy_coef))  # what a checkpoint saves
         # (sum of H over loss tokens, their count) of the current update: float64, added up on the device
         self._entropy_window: list[float | torch.Tensor] = [0.0, 0.0]
         self._entropy_coefs: list[float] = []  # the coefficient after each update of this step (TRL's entropy_coef)
@@ -494,7 +492,7 @@ class Trainer:
     def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None):
         """Old / reference log-probs, values, KL-in-reward, rollout-correction weights and
         global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
-        r, acc = self.recipe, self.accelerator
+        r = self.recipe
         a = r.algorithm
         mask = out.completion_mask
         # The behaviour policy's log-probs come from the trainer's own forward whenever anything
@@ -536,7 +534,7 @@ class Trainer:
         by the reverse KL of the student's log-probs (the trainer's, as slime) to the teacher's on
         the same completions, both at the sampling temperature (slime scores the teacher at the
         rollout temperature; tinker at 1, the same at temperature 1). Sets ``distill/*`` metrics."""
-        r, acc = self.recipe, self.accelerator
+        r = self.recipe
         teacher_logp = logprobs_and_entropy(self.teacher, out, r.sampling.temperature, False)[0]
         g_student, g_teacher = self.ranks.gather(old_logp), self.ranks.gather(teacher_logp)
         self.distill_metrics = {k: float(v) for k, v in distillation_metrics(g_student, g_teacher, g_mask).items()}
@@ -632,7 +630,7 @@ class Trainer:
         use_adaptive_entropy the controller's c * 1[H_prev <= target] (core.entropy_control)."""
         if self.entropy_control is None:
             return self.recipe.algorithm.entropy_coef
-        return applied_entropy_coef(self.entropy_state, self.entropy_control)
+        return applied_entropy_coef(self.state.entropy, self.entropy_control)
 
     def _update_entropy_control(self) -> None:
         """After an optimiser update: the token-weighted mean entropy of its loss tokens over all
@@ -642,10 +640,10 @@ class Trainer:
             window = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.accelerator.device) for v in self._entropy_window])
             window = self.ranks.sum(window)
             entropy = float(window[0] / window[1].clamp(min=1.0))
-            self.entropy_state = update_entropy_control(self.entropy_state, entropy, self.entropy_control)
+            self.state.entropy = update_entropy_control(self.state.entropy, entropy, self.entropy_control)
             self._entropy_window = [0.0, 0.0]
         if self.entropy_control is not None or self.recipe.algorithm.entropy_coef != 0.0:
-            self._entropy_coefs.append(self.entropy_state.coef)
+            self._entropy_coefs.append(self.state.entropy.coef)
 
     def _sequence_clip_extremes(self, region: torch.Tensor) -> dict[str, torch.Tensor]:
         """TRL 1.16's ``clip_ratio/low_min`` / ``high_max`` of one micro-batch: the per-sequence clip
@@ -725,8 +723,8 @@ class Trainer:
         step_time = time.perf_counter() - t0
         timings = {"perf/step_time": step_time, "perf/generation_time": t_gen, "perf/train_time": t_train,
                    **({"perf/lens_time": lens["time"]} if lens is not None else {})}
-        self.tokens_seen += float(g_mask.sum())
-        self.num_tokens_seen += float(ranks.sum(out.prompt_mask.sum() + out.completion_mask.sum()))
+        self.state.tokens_seen += float(g_mask.sum())
+        self.state.num_tokens_seen += float(ranks.sum(out.prompt_mask.sum() + out.completion_mask.sum()))
         prompts_truncated = float(ranks.sum(torch.tensor(float(out.prompts_truncated), device=acc.device)))
         if self.evaluator and final_step:
             evaluated = self.evaluate(step + 1)
@@ -734,7 +732,7 @@ class Trainer:
             optimised, g_rewards=g_rewards, group_size=r.sampling.num_generations, sampled=sampled,
             reward_logged=reward_logged, distill=self.distill_metrics, g_per_fn=g_per_fn, g_baselines=g_baselines,
             g_mask=g_mask, g_truncated=g_truncated, g_kl=g_kl, sampling=sampling, timings=timings,
-            tokens_seen=self.tokens_seen, num_tokens_seen=self.num_tokens_seen, prompts_truncated=prompts_truncated,
+            tokens_seen=self.state.tokens_seen, num_tokens_seen=self.state.num_tokens_seen, prompts_truncated=prompts_truncated,
             evaluated=evaluated, step=step)
 
         self.events.emit("metrics", step, metrics=metrics)
