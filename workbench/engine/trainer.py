@@ -148,13 +148,15 @@ class MetricSums:
         return out, extremes
 
 
-def check_finite(losses: list[torch.Tensor]) -> None:
-    """Raise NonFiniteLossError when any micro-batch loss of an update is NaN or infinite (called
-    before the optimiser step, so a non-finite loss never changes the weights)."""
+def check_finite(losses: list[torch.Tensor], ranks: Ranks) -> None:
+    """Raise NonFiniteLossError when any micro-batch loss of an update, on any rank, is NaN or
+    infinite: called once per update before the optimiser step (one device sync, not one per
+    micro-batch), so a non-finite loss never changes the weights and every rank stops together."""
     values = torch.stack(losses)
-    if not bool(torch.isfinite(values).all()):
-        bad = values[~torch.isfinite(values)][0]
-        raise NonFiniteLossError(f"the loss is {bad.item()}; stopping before the update")
+    bad = ~torch.isfinite(values)
+    if float(ranks.sum(bad.any().float())) > 0:
+        what = f"the loss is {values[bad][0].item()}" if bool(bad.any()) else "another rank's loss is not finite"
+        raise NonFiniteLossError(f"{what}; stopping before the update")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,7 +667,7 @@ class Trainer:
             losses.append(loss.detach())
             last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
             yield {**metrics, **self._sequence_clip_extremes(diag.region)}, logp
-        check_finite(losses)  # once per update (one device sync), before the optimiser step
+        check_finite(losses, self.ranks)  # once per update, before the optimiser step
 
     def _step_optimisers(self) -> torch.Tensor:
         r, acc = self.recipe, self.accelerator
