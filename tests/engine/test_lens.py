@@ -313,3 +313,25 @@ def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and
     print(f"cos={cos!r} |g_run|={float(g_run.norm())!r} |g_trainer|={float(trainer_grad.norm())!r}")
     assert cos == pytest.approx(1.0, abs=1e-6)
     assert float(g_run.norm()) == pytest.approx(float(trainer_grad.norm()), rel=1e-5)
+
+
+def test_lens_on_two_processes_reduces_the_same_gradients_on_every_rank(wb_home, few_problems, tmp_path):
+    """accelerate launch, 2 CPU processes: the ranks' batches give different sets of equal
+    v = dL/dlogp, so rows are grouped by their v on every rank before the gradients are summed
+    (grouping per rank ran a different number of all-reduces on each and gloo aborted); the
+    run's row is the global gradient the run stepped with."""
+    from tests.engine.test_process import launch_two_processes
+
+    run_dir = tmp_path / "ddp"
+    res = launch_two_processes(wb_home, 29547, "dr_grpo", "--set", "train.steps=2", "--set", f"dataset={few_problems}",
+                               "--set", "logging.lens_every=1", "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (run_dir / "params.rank0.sha256").read_text() == (run_dir / "params.rank1.sha256").read_text()
+    events = read_events(run_dir)
+    metrics = {e["step"]: e["metrics"] for e in events if e["kind"] == "metrics"}
+    lenses = [e for e in events if e["kind"] == "lens"]
+    assert [e["step"] for e in lenses] == [0, 1]
+    for lens in lenses:
+        before = {(c["advantage"], c["policy_loss"]): c for c in lens["points"]["before"]}
+        assert before[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(metrics[lens["step"]]["grad_norm"], rel=1e-4)
+        assert before[("rloo", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-5)

@@ -175,6 +175,7 @@ def lens_report(
     run: tuple[str, str],
     update: torch.Tensor | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+    share: Callable[[list], list] = lambda x: x,
     objective: RowObjective | None = None,
     entropy: torch.Tensor | None = None,
     reference: dict | None = None,
@@ -187,6 +188,7 @@ def lens_report(
     max_len / num_tokens / num_seqs for the default (global counts under data parallelism).
     ``entropy`` (B, T): passed to ``objective``; when it carries a gradient (an entropy bonus)
     the rows' gradients flow through it too. ``reduce`` sums a local tensor over ranks
+    (identity on one process); ``share`` gathers a list of picklable objects from every rank
     (identity on one process). ``run``: (advantage key, loss) whose gradient is the reference
     g_run; ``update``: the flat parameter change theta_before - theta_after (or None).
     ``reference``: a dict that receives g_run under "g_run" (a flat float64 vector), for tests.
@@ -223,12 +225,19 @@ def lens_report(
             unique.append(v)
             j = len(unique) - 1
         which.append(j)
-    grads = [reduce(g) for g in vjp_many(outputs, params, unique)]
-    g_run = grads[which[0]] if combos and combos[0] == run else None
+    local = vjp_many(outputs, params, unique)
+    # Rows share a summed gradient only where they share a v on every rank: the ranks' groupings
+    # differ, and every rank must run the same reductions in the same order.
+    groups: dict[tuple, torch.Tensor] = {}
+    signatures = list(zip(*share([which])))
+    for i, sig in enumerate(signatures):
+        if sig not in groups:
+            groups[sig] = reduce(local[which[i]])
+    g_run = groups[signatures[0]] if combos and combos[0] == run else None
     if reference is not None:
         reference["g_run"] = g_run
-    for row, j in zip(rows, which):
-        g = grads[j]
+    for row, sig in zip(rows, signatures):
+        g = groups[sig]
         row.update({"grad_norm": float(g.norm()), "cos_run": _cosine(g, g_run), "cos_update": _cosine(g, update)})
     return rows
 
@@ -319,7 +328,7 @@ class SameBatchLens:
                     reference[point] = {}
                     points[point] = lens_report(
                         logp, old, local, batch.loss_mask, params, losses=POLICY_LOSSES.names(), norm={}, run=run,
-                        update=update, reduce=ranks.sum, objective=objective, entropy=entropy, reference=reference[point])
+                        update=update, reduce=ranks.sum, share=ranks.gather_objects, objective=objective, entropy=entropy, reference=reference[point])
                     del logp, entropy
         finally:
             vector_to_parameters(after, params)
