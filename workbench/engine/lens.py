@@ -206,7 +206,7 @@ def lens_report(
     # bonus), so g_k = J^T v_k with v_k = dL_k / d(logp, H), cheap to get through the small loss
     # graph. Equal v's share one backward pass, and the distinct ones go through the model
     # together (a batched vector-Jacobian product).
-    outputs = torch.stack([logp, entropy]) if entropy is not None and entropy.requires_grad else logp
+    outputs = torch.stack([logp, entropy.to(logp.dtype)]) if entropy is not None and entropy.requires_grad else logp
     lp, h = outputs.unbind(0) if outputs is not logp else (logp, entropy)
     n_valid = reduce(mask.sum().double()).clamp(min=1)
     rows, vs = [], []
