@@ -11,7 +11,11 @@ step -> metrics, samples and per-token diagnostics appended to the run's events.
 
 Runs under ``accelerate launch`` (data parallel over ranks; on CPU ``--multi_gpu`` with
 ``Accelerator(cpu=True)`` and gloo) or as a plain process. Every maths step is a
-``workbench.core`` call; this module only moves tensors and counts.
+``workbench.core`` call (the whole per-token objective is ``core.policy_objective``, which the
+same-batch lens calls too); this module only moves tensors and counts. Collectives go through
+``ranks.Ranks``, seeds come from the named streams of ``seeds``, what a checkpoint carries
+between steps is ``checkpoint.TrainState``, and a step's metrics are summed on the device
+(``MetricSums``, read back once per step) and assembled by ``step_metrics``.
 """
 
 from __future__ import annotations
