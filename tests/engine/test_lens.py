@@ -15,6 +15,7 @@ from workbench.core import (
     compute_policy_loss,
 )
 from workbench.engine.events import read_events
+from workbench.engine.forward import logprobs_and_entropy
 from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig, shape_advantages
 from workbench.core.masked import masked_mean
 from workbench.engine.lens import lens_advantages, lens_estimators, lens_key, lens_report, lens_shaped
@@ -272,3 +273,65 @@ def test_teacher_run_lens_reference_is_the_shaped_gradient_the_trainer_stepped_w
         assert before[("dr_grpo + opd", "clip")]["grad_norm"] == pytest.approx(metrics[lens["step"]]["grad_norm"], rel=1e-4)
         assert before[("dr_grpo + opd", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-6)
         assert before[("dr_grpo", "clip")]["grad_norm"] != pytest.approx(metrics[lens["step"]]["grad_norm"], rel=1e-3)
+
+
+def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and_weight(wb_home, few_problems, tmp_path):
+    """mu = 1, one minibatch: at theta_before the lens's g_run (core.policy_objective through
+    Trainer.run_objective) and the gradient the trainer accumulated before its optimiser step
+    have cosine 1 and equal norm, on a stale batch (staleness 1) that uses IS weights,
+    top-entropy tokens and the off-policy mask together (plus OPSM, the in-loss KL and an
+    entropy bonus)."""
+    recipe = load_recipe("grpo", [f"dataset={few_problems}", "train.steps=2", "train.staleness=1",
+                                  "algorithm.rollout_correction=token_truncate", "algorithm.top_entropy_quantile=0.5",
+                                  "algorithm.off_policy_mask_threshold=0.001", "algorithm.opsm_delta=0.001",
+                                  "algorithm.entropy_coef=0.01", "logging.diagnostics_every=0"])
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    t.step(0)  # one update: step 1 samples with the weights before it
+    _, out, rewards, _, _ = t.sample(1)
+    batch, (g_rewards, g_mask, g_kl, _) = t.prepare_batch(out, rewards)
+    B = batch.completion_mask.shape[0]
+    # every mask and weight acts on this batch
+    assert not torch.allclose(batch.is_weights[batch.completion_mask.bool()], torch.ones(()))
+    logp, entropy = logprobs_and_entropy(t.policy, batch, recipe.sampling.temperature, entropy_grad=True)
+    obj = t.run_objective(batch, logp, entropy, logp.detach(), entropy_coef=0.01,
+                          num_tokens=batch.loss_mask.sum(), num_seqs=float(B))
+    assert 0 < obj.kept.sum() < batch.loss_mask.sum()
+    assert obj.loss_mask.sum() < batch.loss_mask.sum()  # the off-policy mask / OPSM dropped sequences
+    del logp, entropy, obj
+    t.lens.keep_reference = True
+    t.lens.snapshot()
+    last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.zeros_like(batch.completion_mask, dtype=torch.long),
+            "zero_grad": torch.zeros_like(batch.completion_mask, dtype=torch.bool)}
+    for _ in t.accumulate_gradients(batch, torch.arange(B), last):
+        pass
+    params = t.lens._params()
+    trainer_grad = torch.cat([p.grad.reshape(-1).double() for p in params])
+    t.lens.evaluate(batch, g_rewards, g_mask, g_kl, 4)
+    g_run = t.lens.reference["before"]
+    cos = float(torch.dot(g_run, trainer_grad) / (g_run.norm() * trainer_grad.norm()))
+    print(f"cos={cos!r} |g_run|={float(g_run.norm())!r} |g_trainer|={float(trainer_grad.norm())!r}")
+    assert cos == pytest.approx(1.0, abs=1e-6)
+    assert float(g_run.norm()) == pytest.approx(float(trainer_grad.norm()), rel=1e-5)
+
+
+def test_lens_on_two_processes_reduces_the_same_gradients_on_every_rank(wb_home, few_problems, tmp_path):
+    """accelerate launch, 2 CPU processes: the ranks' batches give different sets of equal
+    v = dL/dlogp, so rows are grouped by their v on every rank before the gradients are summed
+    (grouping per rank ran a different number of all-reduces on each and gloo aborted); the
+    run's row is the global gradient the run stepped with."""
+    from tests.engine.test_process import launch_two_processes
+
+    run_dir = tmp_path / "ddp"
+    res = launch_two_processes(wb_home, 29547, "dr_grpo", "--set", "train.steps=2", "--set", f"dataset={few_problems}",
+                               "--set", "logging.lens_every=1", "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (run_dir / "params.rank0.sha256").read_text() == (run_dir / "params.rank1.sha256").read_text()
+    events = read_events(run_dir)
+    metrics = {e["step"]: e["metrics"] for e in events if e["kind"] == "metrics"}
+    lenses = [e for e in events if e["kind"] == "lens"]
+    assert [e["step"] for e in lenses] == [0, 1]
+    for lens in lenses:
+        before = {(c["advantage"], c["policy_loss"]): c for c in lens["points"]["before"]}
+        assert before[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(metrics[lens["step"]]["grad_norm"], rel=1e-4)
+        assert before[("rloo", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-5)

@@ -11,6 +11,7 @@ import torch
 from workbench.core import combine_rewards, high_entropy_mask, masked_mean
 from workbench.engine.events import read_events
 from workbench.engine.forward import logprobs_and_entropy
+from workbench.engine.ranks import global_counts
 from workbench.engine.rollout import hf_generate, valid_token_lists
 from workbench.engine.trainer import Trainer, parameter_digest, prompts_for_step
 from workbench.recipe import RecipeError, load_recipe
@@ -110,7 +111,7 @@ def test_rollout_correction_scales_each_tokens_loss(wb_home, few_problems, tmp_p
     losses = {}
     for mode in ("none", "token_truncate"):
         t, batch = _shifted_batch(few_problems, tmp_path / mode, f"algorithm.rollout_correction={mode}", "train.mu=2")
-        n_tokens, n_seqs = t._global_counts(batch.loss_mask, batch.completion_mask)
+        n_tokens, n_seqs = global_counts(t.ranks, batch.loss_mask, batch.completion_mask)
         _, metrics, _, _ = t.micro_loss(batch, n_tokens, n_seqs)
         losses[mode] = float(metrics["loss/policy"])
     assert losses["none"] != 0
@@ -152,7 +153,7 @@ def test_top_entropy_quantile_trains_only_the_high_entropy_tokens(wb_home, few_p
     t.setup()
     _, out = t.rollout(0)
     batch, _ = t.prepare_batch(out, torch.linspace(0.0, 1.0, out.completion_mask.shape[0]))
-    n_tokens, n_seqs = t._global_counts(batch.loss_mask, batch.completion_mask)
+    n_tokens, n_seqs = global_counts(t.ranks, batch.loss_mask, batch.completion_mask)
     _, metrics, _, _ = t.micro_loss(batch, n_tokens, n_seqs)
     with torch.no_grad():
         logp, entropy = logprobs_and_entropy(t.policy, batch, recipe.sampling.temperature)

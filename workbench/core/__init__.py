@@ -26,7 +26,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "kl": ("KL_ESTIMATORS", "adaptive_kl_coef", "kl_per_token", "straight_through_k2"),
     "masked": ("masked_mean", "masked_sum", "masked_var", "masked_whiten"),
     "masks": ("high_entropy_mask", "opsm_mask", "truncation_mask"),
-    "objective": ("token_objective",),
+    "objective": ("Objective", "ObjectiveConfig", "TopEntropyRule", "policy_objective", "token_objective"),
     "policy_losses": ("PADDING", "POLICY_LOSSES", "REGION_NAMES", "PolicyDiagnostics", "clipped_objective", "compute_policy_loss",
                       "dual_clip_cap", "ppo_regions", "sequence_clip_fractions", "sequence_log_ratio", "token_covariance",
                       "vespo_gamma_weights"),

@@ -53,8 +53,11 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workbench.core.entropy_control import EntropyControlState
 
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
@@ -73,6 +76,34 @@ _TMP_PREFIX = ".tmp-"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used for this run (message says which and why)."""
+
+
+@dataclass
+class TrainState:
+    """What a run carries from one step to the next besides the weights, optimisers, schedule and
+    RNGs (saved beside them): the cumulative token counts its metrics report and the adaptive
+    entropy controller's state. Saved as ``trainer_state.json`` (with the step and world size)."""
+
+    entropy: EntropyControlState
+    tokens_seen: float = 0.0  # completion tokens (perf/tokens)
+    num_tokens_seen: float = 0.0  # prompt + completion tokens (TRL's num_tokens)
+
+    def to_json(self, step: int, world: int) -> dict[str, Any]:
+        """The checkpoint's record (adaptive entropy control as TRL's entropy_ctrl_state.json; inf -> null)."""
+        ent = self.entropy
+        return {"step": step, "tokens_seen": self.tokens_seen, "num_tokens": self.num_tokens_seen, "world_size": world,
+                "entropy_control": {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}}
+
+    def restored(self, state: dict[str, Any]) -> "TrainState":
+        """This state with a checkpoint's record read back. Records from before a field existed
+        keep this state's value for it (num_tokens: 0; the entropy controller starts afresh)."""
+        entropy = self.entropy
+        if "entropy_control" in state:
+            ent = state["entropy_control"]
+            entropy = EntropyControlState(coef=float(ent["coef"]),
+                                          last_entropy=math.inf if ent["last_entropy"] is None else float(ent["last_entropy"]))
+        return TrainState(entropy=entropy, tokens_seen=float(state["tokens_seen"]),
+                          num_tokens_seen=float(state.get("num_tokens", 0.0)))
 
 
 # -- paths (no torch) ----------------------------------------------------------------------------
@@ -332,10 +363,7 @@ def save_checkpoint(trainer, step: int) -> Path:
             _save_model_files(trainer, tmp)
         acc.wait_for_everyone()  # every rank's RNG file is in place
         if acc.is_main_process:
-            state = {"step": step, "tokens_seen": trainer.tokens_seen, "num_tokens": trainer.num_tokens_seen, "world_size": trainer.world}
-            ent = trainer.entropy_state  # adaptive entropy control (TRL: entropy_ctrl_state.json); inf -> null
-            state["entropy_control"] = {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}
-            (tmp / STATE_FILE).write_text(json.dumps(state))
+            (tmp / STATE_FILE).write_text(json.dumps(trainer.state.to_json(step, trainer.world)))
             write_manifest(tmp, step, trainer.recipe_sha256)
             if final.exists():  # the same step saved by an attempt that crashed before it counted
                 _remove_dir(final)
@@ -475,14 +503,7 @@ def load_checkpoint(trainer, path: Path) -> int:
         load_model(acc.unwrap_model(trainer.critic), str(path / CRITIC_FILE))
         trainer.critic_optimizer.load_state_dict(_torch_load(path / CRITIC_OPTIMIZER_FILE))
     _set_rng_state(_torch_load(path / f"rng-rank{trainer.rank}.pt"))
-    trainer.tokens_seen = float(state["tokens_seen"])
-    trainer.num_tokens_seen = float(state.get("num_tokens", 0.0))  # checkpoints from before num_tokens: 0
-    if "entropy_control" in state:  # checkpoints from before it: the controller starts afresh
-        from workbench.core.entropy_control import EntropyControlState
-
-        ent = state["entropy_control"]
-        last = math.inf if ent["last_entropy"] is None else float(ent["last_entropy"])
-        trainer.entropy_state = EntropyControlState(coef=float(ent["coef"]), last_entropy=last)
+    trainer.state = trainer.state.restored(state)
     trainer.snapshots.clear()  # train.staleness: the deque starts afresh from the resumed weights
     trainer.snapshot_weights()
     return int(state["step"])

@@ -37,10 +37,10 @@ import torch
 
 from workbench.engine.rewards import RewardFn, compute_rewards, reward_name
 from workbench.engine.rollout import valid_token_lists
+from workbench.engine.seeds import eval_seed
 from workbench.recipe import Recipe
 
 #: Mixed into train.seed for the eval draws, so they never coincide with a training step's seed.
-EVAL_SEED_SALT = 7_777_777
 #: A completion is correct when the correctness reward reaches this (its maximum).
 CORRECT_AT = 1.0
 
@@ -98,7 +98,8 @@ class Evaluator:
         self.num_prompts = len(rows)
         self.reward_funcs, self.reward_weights = list(reward_funcs), list(reward_weights)
         self.correct = correct_index(self.reward_funcs, correct_reward)
-        self.seed = (recipe.train.seed * 1_000_003 + EVAL_SEED_SALT) * world + rank
+        self.seed = eval_seed(recipe.train.seed, rank, world)
+        self.sampled_seed = eval_seed(recipe.train.seed, rank, world, sampled=True)
 
     def _generate(self, backend, model, tokenizer, rows: list[dict], temperature: float, seed: int):
         """(completions, token lists, per-function rewards (F, B), total rewards (B,)) in chunks
@@ -132,7 +133,7 @@ class Evaluator:
             _, greedy_ids, greedy_fn, greedy_total = self._generate(backend, model, tokenizer, self.rows, 0.0, self.seed)
             repeated = [row for row in self.rows for _ in range(k)]  # groups contiguous
             _, _, sampled_fn, _ = self._generate(backend, model, tokenizer, repeated, self.recipe.eval.temperature,
-                                                 self.seed + EVAL_SEED_SALT)
+                                                 self.sampled_seed)
         greedy_ok = greedy_fn[self.correct] >= CORRECT_AT  # NaN (None) is never correct
         sampled_ok = (sampled_fn[self.correct] >= CORRECT_AT).view(len(self.rows), k).sum(dim=1)
         return [PromptScores(bool(greedy_ok[i]), float(greedy_total[i]), len(greedy_ids[i]), int(sampled_ok[i]))

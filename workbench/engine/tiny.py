@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from workbench.engine.tasks import Row, get_task
+from workbench.engine.seeds import warmup_data_seed
 from workbench.home import confined_path, workbench_home
 from workbench.model_facts import TINY_MAX_POSITIONS
 
@@ -155,7 +156,7 @@ def warmup_batches(
     batches = []
     for offset, (name, count) in enumerate(sorted((mix or WARMUP_MIX).items())):
         # A distinct, reproducible generator seed per (build seed, step, task).
-        rows = get_task(name).make_dataset(count, (seed * 1_000_003 + step) * 7 + offset)
+        rows = get_task(name).make_dataset(count, warmup_data_seed(seed, step, offset))
         if rows:
             batches.append(_pad_right(rows, tokenizer))
     return batches

@@ -11,7 +11,11 @@ step -> metrics, samples and per-token diagnostics appended to the run's events.
 
 Runs under ``accelerate launch`` (data parallel over ranks; on CPU ``--multi_gpu`` with
 ``Accelerator(cpu=True)`` and gloo) or as a plain process. Every maths step is a
-``workbench.core`` call; this module only moves tensors and counts.
+``workbench.core`` call (the whole per-token objective is ``core.policy_objective``, which the
+same-batch lens calls too); this module only moves tensors and counts. Collectives go through
+``ranks.Ranks``, seeds come from the named streams of ``seeds``, what a checkpoint carries
+between steps is ``checkpoint.TrainState``, and a step's metrics are summed on the device
+(``MetricSums``, read back once per step) and assembled by ``step_metrics``.
 """
 
 from __future__ import annotations
@@ -36,36 +40,34 @@ from transformers import get_scheduler
 from workbench.core import (
     PADDING,
     REGION_NAMES,
+    Objective,
+    ObjectiveConfig,
     aggregate_loss,
-    batch_normalizers,
     clipped_value_loss,
     combine_rewards,
     compute_advantages,
-    compute_policy_loss,
     equal_groups,
     high_entropy_mask,
     kl_per_token,
     length_metrics,
     masked_mean,
-    opsm_mask,
+    policy_objective,
     reward_function_metrics,
     reward_metrics,
     rollout_correction,
     sequence_clip_fractions,
     terminated_length_metrics,
-    token_mean_metric,
-    token_objective,
     token_std_metric,
     truncation_mask,
 )
 from workbench.core.choices import BASELINE_ESTIMATORS
 from workbench.core.entropy_control import EntropyControl, EntropyControlState, applied_entropy_coef, update_entropy_control
-from workbench.core.masks import off_policy_sequence_mask
 from workbench.core.distillation import distillation_metrics, shape_advantages
-from workbench.engine import checkpoint, rundir
+from workbench.engine import checkpoint, rundir, seeds
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
 from workbench.engine.forward import ValueModel, logprobs_and_entropy
 from workbench.engine.lens import SameBatchLens
+from workbench.engine.ranks import Ranks, global_counts
 from workbench.engine.rewards import RewardFunctionError, RewardLogs, compute_rewards, load_reward_function, reward_weights_for
 from workbench.engine.rollout import ROLLOUT_BACKENDS, concat_rollouts, select_rows, valid_token_lists
 from workbench.engine.evaluation import Evaluator, eval_due
@@ -80,7 +82,6 @@ PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 TASK_DATASET_SIZE = 2048
 ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
-DYNAMIC_ROUND_SEED = 104_729  # offsets the prompt order and sampling seeds of dynamic sampling's later rounds
 #: TRL 1.16's per-sequence clip extremes: per micro-batch the nanmin / nanmax over every rank's
 #: sequences of their clip fraction (core.sequence_clip_fractions), averaged over the step's
 #: micro-batches (TRL appends one value per compute_loss call and logs the mean of the list).
@@ -93,6 +94,73 @@ class Cancelled(Exception):
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+def read_floats(values: list) -> list[float]:
+    """Scalar tensors (or numbers) as Python floats, read back from the device in one transfer."""
+    if not values:
+        return []
+    device = values[0].device if torch.is_tensor(values[0]) else None
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values]).tolist()
+
+
+def nan_extreme(values: torch.Tensor, how: str) -> torch.Tensor:
+    """nanmin / nanmax of a 1-D tensor without leaving the device; NaN when every value is NaN
+    (or there is none)."""
+    valid = ~torch.isnan(values)
+    if values.numel() == 0:
+        return torch.full((), math.nan, dtype=values.dtype, device=values.device)
+    fill = math.inf if how == "min" else -math.inf
+    filled = torch.where(valid, values, torch.full_like(values, fill))
+    out = filled.amin() if how == "min" else filled.amax()
+    return torch.where(valid.any(), out, torch.full_like(out, math.nan))
+
+
+class MetricSums:
+    """The micro-batches' metrics of one step, summed on the device in float64 (the order and
+    precision of Python float sums: 0.0 + x, then + each next micro-batch's value) and read back
+    once by ``means``. Names in ``per_micro`` keep one value per micro-batch instead (NaN where a
+    micro-batch had none; their mean leaves those out, 0 when none had a value)."""
+
+    def __init__(self, per_micro: tuple[str, ...] = ()) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.per_micro: dict[str, list[torch.Tensor]] = {k: [] for k in per_micro}
+        self.count = 0
+
+    def add(self, metrics: dict[str, torch.Tensor | float]) -> None:
+        for k, v in metrics.items():
+            v = torch.as_tensor(v).detach()
+            if k in self.per_micro:
+                self.per_micro[k].append(v)
+            else:
+                start = self.sums[k] if k in self.sums else torch.zeros((), dtype=torch.float64, device=v.device)
+                self.sums[k] = start + v.double()
+        self.count += 1
+
+    def means(self, updates: int) -> tuple[dict[str, float], dict[str, float]]:
+        """(summed metrics, per-micro-batch ones). Losses of the micro-batches add up to their
+        minibatch's loss: averaged per optimiser update (``updates``); every other metric is a
+        rate: averaged per micro-batch."""
+        names = list(self.sums)
+        values = read_floats([self.sums[k] for k in names] + [v for vs in self.per_micro.values() for v in vs])
+        out = {k: v / (updates if k in ADDITIVE_METRICS else self.count) for k, v in zip(names, values)}
+        rest, extremes = values[len(names):], {}
+        for k, vs in self.per_micro.items():  # 0 when no micro-batch had a valid token (nothing clipped)
+            mine, rest = rest[:len(vs)], rest[len(vs):]
+            finite = [v for v in mine if not math.isnan(v)]
+            extremes[k] = sum(finite) / len(finite) if finite else 0.0
+        return out, extremes
+
+
+def check_finite(losses: list[torch.Tensor], ranks: Ranks) -> None:
+    """Raise NonFiniteLossError when any micro-batch loss of an update, on any rank, is NaN or
+    infinite: called once per update before the optimiser step (one device sync, not one per
+    micro-batch), so a non-finite loss never changes the weights and every rank stops together."""
+    values = torch.stack(losses)
+    bad = ~torch.isfinite(values)
+    if float(ranks.sum(bad.any().float())) > 0:
+        what = f"the loss is {values[bad][0].item()}" if bool(bad.any()) else "another rank's loss is not finite"
+        raise NonFiniteLossError(f"{what}; stopping before the update")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +243,7 @@ def prompts_for_step(rows: list[dict], step: int, prompts_per_step: int, rank: i
 def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
     """The shuffled row order of one epoch (cached: reshuffling n rows per prompt cost ~3 ms each)."""
     order = list(range(n))
-    random.Random(seed * 7919 + epoch).shuffle(order)
+    random.Random(seeds.epoch_order_seed(seed, epoch)).shuffle(order)
     return tuple(order)
 
 
@@ -223,16 +291,15 @@ class Trainer:
     def _init(self, recipe: Recipe, stdout_events: bool) -> None:
         """The rest of the set-up before ``run``: the events file is opened last, so a failure
         before it leaves nothing of this run in the directory."""
-        self.tokens_seen = 0.0  # completion tokens (perf/tokens)
-        self.num_tokens_seen = 0.0  # prompt + completion tokens (TRL's num_tokens)
         self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=recipe.train.staleness + 1)
         self.behaviour = None  # the stale copy that generates when train.staleness > 0 (full fine-tuning)
         a = recipe.algorithm
         # adaptive entropy control (core.entropy_control): state carried across updates and checkpoints
         self.entropy_control = EntropyControl(a.entropy_target, a.entropy_coef_delta, a.entropy_coef_min,
                                               a.entropy_coef_max) if a.use_adaptive_entropy else None
-        self.entropy_state = EntropyControlState(coef=a.entropy_coef)
-        self._entropy_window = [0.0, 0.0]  # (sum of H over loss tokens, their count) of the current update
+        self.state = checkpoint.TrainState(entropy=EntropyControlState(coef=a.entropy_coef))  # what a checkpoint saves
+        # (sum of H over loss tokens, their count) of the current update: float64, added up on the device
+        self._entropy_window: list[float | torch.Tensor] = [0.0, 0.0]
         self._entropy_coefs: list[float] = []  # the coefficient after each update of this step (TRL's entropy_coef)
         torch.set_num_threads(recipe.train.threads)
         self.accelerator = Accelerator(
@@ -241,7 +308,9 @@ class Trainer:
             log_with=recipe.logging.log_with or None,
             project_dir=str(self.run_dir),
         )
-        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        self.ranks = Ranks.of(self.accelerator)
+        self.rank, self.world = self.ranks.rank, self.ranks.world
+        self.objective = objective_config(recipe)
         check_processes_divide(recipe, self.world)  # the CLI checked it before the claim; direct use here
         if self.resume and self.accelerator.is_main_process:
             checkpoint.drop_torn_tail(self.run_dir / EVENTS_FILE)  # a kill -9 mid-line: append on a line of its own
@@ -329,14 +398,14 @@ class Trainer:
         r = self.recipe
         G = r.sampling.num_generations
         rows = prompts_for_step(self.rows, step, r.sampling.prompts_per_step, self.rank, self.world,
-                                r.train.seed + round_ * DYNAMIC_ROUND_SEED)
+                                seeds.prompt_order_seed(r.train.seed, round_))
         rows = [row for row in rows for _ in range(G)]  # groups contiguous
         with self.sampling_model() as model:
             out = self.rollout_backend.generate(
                 model, self.tokenizer, [row["prompt"] for row in rows],
                 temperature=r.sampling.temperature, top_p=r.sampling.top_p,
                 max_new_tokens=r.sampling.max_completion_length,
-                seed=(r.train.seed * 1_000_003 + step + round_ * DYNAMIC_ROUND_SEED) * self.world + self.rank,
+                seed=seeds.rollout_seed(r.train.seed, step, self.rank, self.world, round_),
                 system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
             )
         return rows, out
@@ -360,8 +429,7 @@ class Trainer:
         rounds = 1
         while True:
             informative = sum(int((~equal_groups(p[2].view(-1, G))[:, 0]).sum()) for p in parts)
-            short = torch.tensor(float(max(need - informative, 0)), device=self.accelerator.device)
-            short = self.accelerator.reduce(short, reduction="sum") if self.world > 1 else short
+            short = self.ranks.sum(torch.tensor(float(max(need - informative, 0)), device=self.accelerator.device))
             if float(short) == 0 or rounds == r.sampling.dynamic_sampling_max_rounds:
                 break
             rows, out = self.rollout(step, rounds)
@@ -375,8 +443,7 @@ class Trainer:
         groups = ([g for g, e in enumerate(equal) if not e] + [g for g, e in enumerate(equal) if e])[:need]
         filled = sum(equal[g] for g in groups)
         idx = [g * G + j for g in groups for j in range(G)]
-        filled_t = torch.tensor(float(filled), device=self.accelerator.device)
-        filled_t = self.accelerator.reduce(filled_t, reduction="sum") if self.world > 1 else filled_t
+        filled_t = self.ranks.sum(torch.tensor(float(filled), device=self.accelerator.device))
         per_fn = {name: torch.cat([p[3][name] for p in parts])[idx] for name in parts[0][3]}
         # prompts_truncated: per row it is not kept; the first round's count stands for the batch
         out = select_rows(all_out, idx, parts[0][1].prompts_truncated)
@@ -394,7 +461,7 @@ class Trainer:
             out = self.rollout_backend.generate(
                 model, self.tokenizer, [row["prompt"] for row in prompt_rows],
                 temperature=0.0, top_p=1.0, max_new_tokens=r.sampling.max_completion_length,
-                seed=(r.train.seed * 1_000_003 + step) * self.world + self.rank,
+                seed=seeds.greedy_baseline_seed(r.train.seed, step, self.rank, self.world),
                 system_prompt=r.system_prompt, max_prompt_length=r.sampling.max_prompt_length,
             )
         total, _ = self.score(prompt_rows, out, step)
@@ -431,7 +498,7 @@ class Trainer:
     def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None):
         """Old / reference log-probs, values, KL-in-reward, rollout-correction weights and
         global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
-        r, acc = self.recipe, self.accelerator
+        r = self.recipe
         a = r.algorithm
         mask = out.completion_mask
         # The behaviour policy's log-probs come from the trainer's own forward whenever anything
@@ -449,16 +516,16 @@ class Trainer:
         kl = kl_per_token(a.kl_estimator, old_logp, ref_logp, mask) if ref_logp is not None else None
 
         # advantages need the global batch (batch-level baselines, whitening): gather, compute, slice
-        g_rewards, g_mask = acc.gather(rewards), acc.gather(mask)
-        g_kl = acc.gather(kl) if kl is not None else None
-        g_values = acc.gather(old_values) if old_values is not None else None
-        g_baselines = acc.gather(baselines) if baselines is not None else None
+        ranks = self.ranks
+        g_rewards, g_mask = ranks.gather(rewards), ranks.gather(mask)
+        g_kl = ranks.gather(kl) if kl is not None else None
+        g_values = ranks.gather(old_values) if old_values is not None else None
+        g_baselines = ranks.gather(baselines) if baselines is not None else None
         adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values,
                                  baselines=g_baselines)
         if self.teacher is not None:
             adv = adv._replace(advantages=self.distill(out, old_logp, g_mask, adv.advantages))  # returns (critic targets) stay
-        B = mask.shape[0]
-        mine = slice(self.rank * B, (self.rank + 1) * B)
+        mine = ranks.rows(mask.shape[0])
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
         is_weights = None
         if correct:  # w = pi_old / pi_rollout per token or sequence, bounded (core.rollout_correction)
@@ -473,20 +540,26 @@ class Trainer:
         by the reverse KL of the student's log-probs (the trainer's, as slime) to the teacher's on
         the same completions, both at the sampling temperature (slime scores the teacher at the
         rollout temperature; tinker at 1, the same at temperature 1). Sets ``distill/*`` metrics."""
-        r, acc = self.recipe, self.accelerator
+        r = self.recipe
         teacher_logp = logprobs_and_entropy(self.teacher, out, r.sampling.temperature, False)[0]
-        g_student, g_teacher = acc.gather(old_logp), acc.gather(teacher_logp)
+        g_student, g_teacher = self.ranks.gather(old_logp), self.ranks.gather(teacher_logp)
         self.distill_metrics = {k: float(v) for k, v in distillation_metrics(g_student, g_teacher, g_mask).items()}
         self.distill_inputs = {"shaping": "opd", "student_logp": g_student, "teacher_logp": g_teacher, "mask": g_mask}
         return shape_advantages(self.distill_inputs["shaping"], g_adv, g_student, g_teacher, g_mask, r.distillation_config())
 
-    def _global_counts(self, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num_tokens, num_seqs) of these rows summed over ranks (core.batch_normalizers):
-        tokens of the loss mask, sequences of the completion mask (a truncation-masked
-        completion still counts as one of the B sequences)."""
-        counts = torch.stack([c.to(loss_mask.dtype) for c in batch_normalizers(loss_mask, completion_mask)])
-        counts = self.accelerator.reduce(counts, reduction="sum") if self.world > 1 else counts
-        return counts[0], counts[1]
+    def run_objective(self, batch: StepBatch, logp: torch.Tensor, entropy: torch.Tensor | None, old_logp: torch.Tensor, *,
+                      entropy_coef: float, num_tokens, num_seqs, advantages: torch.Tensor | None = None,
+                      policy_loss: str | None = None) -> Objective:
+        """The run's objective on rows ``batch`` (core.policy_objective with every mask and weight
+        the recipe turns on; the top-entropy threshold over every rank's tokens). The lens calls it
+        too, with other ``advantages`` / ``policy_loss`` for its comparison rows. Unscaled (one
+        process's aggregate; see micro_loss for the data-parallel scale)."""
+        cfg = self.objective if policy_loss is None else replace(self.objective, policy_loss=policy_loss)
+        return policy_objective(
+            logp, old_logp, batch.advantages if advantages is None else advantages, batch.loss_mask, batch.completion_mask,
+            cfg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=self.recipe.sampling.max_completion_length,
+            entropy=entropy, entropy_coef=entropy_coef, rollout_logp=batch.rollout_logp, ref_logp=batch.ref_logp,
+            is_weights=batch.is_weights, top_entropy=self.top_entropy_tokens)
 
     def micro_loss(self, mb: StepBatch, num_tokens, num_seqs):
         """Loss of one micro-batch, scaled so that the sum over micro-batches and the mean over
@@ -496,96 +569,62 @@ class Trainer:
         entropy_coef = self.entropy_coef_now()
         logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=entropy_coef > 0)
         old = logp.detach() if r.train.single_pass else mb.old_logp
-        loss_mask = mb.loss_mask  # OPSM narrows it for the policy loss only (counts come from before)
-        if a.opsm_delta is not None:
-            loss_mask = opsm_mask(logp, old, mb.advantages, loss_mask, a.opsm_delta)
-        if a.off_policy_mask_threshold is not None:  # TRL: the rollout engine's log-probs when it gave them
-            sampling = mb.rollout_logp if mb.rollout_logp is not None else old
-            loss_mask = off_policy_sequence_mask(logp, sampling, mb.advantages, loss_mask, a.off_policy_mask_threshold)
-        pg, diag = compute_policy_loss(a.policy_loss, logp, old, mb.advantages, loss_mask, r.policy_loss_config())
-        # Per-token weights of the policy loss, as TRL applies them (the normalisers stay those of
-        # the loss mask): the rollout-correction weight w_t, and top_entropy_quantile's 0/1 mask.
-        if mb.is_weights is not None:
-            pg = pg * mb.is_weights
-        kept = None
-        if a.top_entropy_quantile < 1.0:
-            kept = self._high_entropy_tokens(entropy, mb.loss_mask)
-            pg = pg * kept
-        kl_loss = kl_per_token(a.kl_estimator, logp, mb.ref_logp, mb.completion_mask) if (a.kl_placement == "in_loss" and mb.ref_logp is not None) else None
-        objective = token_objective(pg, kl=kl_loss, kl_coef=a.kl_coef if kl_loss is not None else 0.0,
-                                    entropy=entropy, entropy_coef=entropy_coef)
+        obj = self.run_objective(mb, logp, entropy, old, entropy_coef=entropy_coef, num_tokens=num_tokens, num_seqs=num_seqs)
         scale = float(self.world)  # DDP averages gradients over ranks; undo it
-        norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
-        policy_loss = aggregate_loss(a.aggregation, objective, loss_mask, **norm) * scale
-        metrics = {k: v.detach() for k, v in diag.metrics.items()}
-        metrics["loss/policy"] = aggregate_loss(a.aggregation, pg.detach(), loss_mask, **norm) * scale
-        metrics["entropy"] = token_mean_metric(entropy, mb.completion_mask)  # detached inside
-        if kept is not None:
-            metrics["entropy/top_quantile_kept"] = masked_mean(kept, mb.loss_mask)
+        policy_loss = obj.loss * scale
+        metrics = obj.metrics
+        metrics["loss/policy"] = metrics["loss/policy"] * scale
         if self.entropy_control is not None:  # TRL measures over the policy loss's tokens (top-entropy ones too)
-            tokens = mb.loss_mask if kept is None else mb.loss_mask * kept
-            self._entropy_window[0] += float((entropy.detach() * tokens).sum())
-            self._entropy_window[1] += float(tokens.sum())
+            tokens = mb.loss_mask if obj.kept is None else mb.loss_mask * obj.kept
+            self._entropy_window[0] = self._entropy_window[0] + (entropy.detach() * tokens).sum().double()
+            self._entropy_window[1] = self._entropy_window[1] + tokens.sum().double()
         total = policy_loss
         if self.critic is not None:
             values = self.critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask)
             # the value loss covers the tokens num_tokens counts (mb.loss_mask): summing it over
             # the completion mask would inflate it whenever truncated completions are masked
             vl, vmetrics = clipped_value_loss(values, mb.old_values, mb.returns, mb.loss_mask, a.value_clip)
+            norm = dict(max_len=r.sampling.max_completion_length, num_tokens=num_tokens, num_seqs=num_seqs)
             value_loss = aggregate_loss(a.aggregation, vl, mb.loss_mask, **norm) * scale
             total = total + a.vf_coef * value_loss
             metrics.update(vmetrics)
             metrics["loss/value"] = value_loss.detach()
-        if not torch.isfinite(total):
-            raise NonFiniteLossError(f"the loss is {total.item()} (policy {policy_loss.item()}); stopping before the update")
-        return total, metrics, logp.detach(), diag
+        return total, metrics, logp.detach(), obj.diagnostics
 
-    def _high_entropy_tokens(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    def top_entropy_tokens(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """top_entropy_quantile's mask (B_micro, T): the entropy threshold is the quantile over
         every rank's loss tokens of this micro-batch (TRL gathers them too), applied to mine."""
         rho = self.recipe.algorithm.top_entropy_quantile
         if self.world == 1:
             return high_entropy_mask(entropy.detach(), loss_mask, rho)
-        acc = self.accelerator
-        g_entropy, g_mask = acc.gather(entropy.detach().contiguous()), acc.gather(loss_mask.contiguous())
-        B = loss_mask.shape[0]
-        return high_entropy_mask(g_entropy, g_mask, rho)[self.rank * B:(self.rank + 1) * B]
+        g_entropy, g_mask = self.ranks.gather(entropy.detach()), self.ranks.gather(loss_mask)
+        return high_entropy_mask(g_entropy, g_mask, rho)[self.ranks.rows(loss_mask.shape[0])]
 
     def optimise(self, batch: StepBatch, step: int):
         """mu passes x minibatches x micro-batches. Returns averaged metrics and last-pass
-        per-token diagnostics (ratio, region, zero_grad) for every row."""
+        per-token diagnostics (ratio, region, zero_grad) for every row. The micro-batches'
+        metrics stay tensors on the device and are read back once, at the end (MetricSums)."""
         r = self.recipe
         B = batch.completion_mask.shape[0]
-        sums: dict[str, float] = {}
-        per_micro: dict[str, list[float]] = {k: [] for k in SEQUENCE_EXTREMES}
-        count = 0
+        sums = MetricSums(per_micro=tuple(SEQUENCE_EXTREMES))
         grad_norms = []
         last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.full_like(batch.completion_mask, -1, dtype=torch.long),
                 "zero_grad": torch.zeros_like(batch.completion_mask, dtype=torch.bool)}
         first_logp = None
-        gen = torch.Generator().manual_seed(r.train.seed * 31 + step)
+        gen = torch.Generator().manual_seed(seeds.minibatch_order_seed(r.train.seed, step))
         for _ in range(r.train.mu):
             order = torch.randperm(B, generator=gen) if r.train.minibatches > 1 else torch.arange(B)
             for mb_idx in order.chunk(r.train.minibatches):
                 for metrics, logp in self.accumulate_gradients(batch, mb_idx.to(batch.completion_mask.device), last):
-                    for k, v in metrics.items():
-                        if k in per_micro:  # NaN where a micro-batch had no valid token: left out below
-                            per_micro[k].append(float(v))
-                        else:
-                            sums[k] = sums.get(k, 0.0) + float(v)
-                    count += 1
+                    sums.add(metrics)
                     if first_logp is None and r.train.single_pass:
                         first_logp = logp
-                grad_norms.append(float(self._step_optimisers()))
-        # losses of the micro-batches add up to their minibatch's loss: average per optimiser
-        # update; every other metric is a rate: average per micro-batch
-        updates = r.train.mu * r.train.minibatches
-        metrics = {k: v / (updates if k in ADDITIVE_METRICS else count) for k, v in sums.items()}
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+                grad_norms.append(self._step_optimisers())
+        metrics, extremes = sums.means(updates=r.train.mu * r.train.minibatches)
+        norms = read_floats(grad_norms)
+        metrics["grad_norm"] = sum(norms) / len(norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
-        for k, values in per_micro.items():  # 0 when no micro-batch had a valid token (nothing clipped)
-            finite = [v for v in values if not math.isnan(v)]
-            metrics[k] = sum(finite) / len(finite) if finite else 0.0
+        metrics.update(extremes)
         if self._entropy_coefs:
             metrics["entropy_coef"] = sum(self._entropy_coefs) / len(self._entropy_coefs)
             self._entropy_coefs.clear()
@@ -597,43 +636,42 @@ class Trainer:
         use_adaptive_entropy the controller's c * 1[H_prev <= target] (core.entropy_control)."""
         if self.entropy_control is None:
             return self.recipe.algorithm.entropy_coef
-        return applied_entropy_coef(self.entropy_state, self.entropy_control)
+        return applied_entropy_coef(self.state.entropy, self.entropy_control)
 
     def _update_entropy_control(self) -> None:
         """After an optimiser update: the token-weighted mean entropy of its loss tokens over all
         ranks and micro-batches (TRL's window-global mean) moves the coefficient one step. TRL logs
         ``entropy_coef`` after every update whenever an entropy bonus is on (static too)."""
         if self.entropy_control is not None:
-            window = torch.tensor(self._entropy_window, dtype=torch.float64, device=self.accelerator.device)
-            window = self.accelerator.reduce(window, reduction="sum") if self.world > 1 else window
+            window = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.accelerator.device) for v in self._entropy_window])
+            window = self.ranks.sum(window)
             entropy = float(window[0] / window[1].clamp(min=1.0))
-            self.entropy_state = update_entropy_control(self.entropy_state, entropy, self.entropy_control)
+            self.state.entropy = update_entropy_control(self.state.entropy, entropy, self.entropy_control)
             self._entropy_window = [0.0, 0.0]
         if self.entropy_control is not None or self.recipe.algorithm.entropy_coef != 0.0:
-            self._entropy_coefs.append(self.entropy_state.coef)
+            self._entropy_coefs.append(self.state.entropy.coef)
 
-    def _sequence_clip_extremes(self, region: torch.Tensor) -> dict[str, float]:
+    def _sequence_clip_extremes(self, region: torch.Tensor) -> dict[str, torch.Tensor]:
         """TRL 1.16's ``clip_ratio/low_min`` / ``high_max`` of one micro-batch: the per-sequence clip
         fractions (core.sequence_clip_fractions over the loss's valid tokens) gathered over ranks,
-        their nanmin / nanmax (NaN: no sequence has a valid token). Every rank runs the same number
-        of equal-sized micro-batches, so the gathers line up."""
-        out = {}
-        for name, fractions in sequence_clip_fractions(region, region != PADDING).items():
-            g = self.accelerator.gather(fractions.contiguous()) if self.world > 1 else fractions
-            g = g[~torch.isnan(g)]
-            out[name] = float(g.min() if SEQUENCE_EXTREMES[name] == "min" else g.max()) if g.numel() else math.nan
-        return out
+        their nanmin / nanmax (NaN: no sequence has a valid token), as tensors on the device (no
+        sync). Every rank runs the same number of equal-sized micro-batches, so the gathers line up."""
+        return {name: nan_extreme(self.ranks.gather(fractions), SEQUENCE_EXTREMES[name])
+                for name, fractions in sequence_clip_fractions(region, region != PADDING).items()}
 
     def accumulate_gradients(self, batch: StepBatch, mb_idx: torch.Tensor, last: dict):
         """Backward over one minibatch in ``train.grad_accum`` micro-batches, each normalised by
         the *global* minibatch's token / sequence counts, so the accumulated gradient equals the
         gradient of the whole minibatch's aggregated loss. Yields (metrics, logp) per micro-batch."""
-        num_tokens, num_seqs = self._global_counts(batch.loss_mask[mb_idx], batch.completion_mask[mb_idx])
+        num_tokens, num_seqs = global_counts(self.ranks, batch.loss_mask[mb_idx], batch.completion_mask[mb_idx])
+        losses = []
         for micro_idx in mb_idx.chunk(self.recipe.train.grad_accum):
             loss, metrics, logp, diag = self.micro_loss(batch.rows(micro_idx), num_tokens, num_seqs)
             self.accelerator.backward(loss)
+            losses.append(loss.detach())
             last["ratio"][micro_idx], last["region"][micro_idx], last["zero_grad"][micro_idx] = diag.ratio, diag.region, diag.zero_grad
             yield {**metrics, **self._sequence_clip_extremes(diag.region)}, logp
+        check_finite(losses, self.ranks)  # once per update, before the optimiser step
 
     def _step_optimisers(self) -> torch.Tensor:
         r, acc = self.recipe, self.accelerator
@@ -656,15 +694,12 @@ class Trainer:
         every rank's share of the eval prompts (evaluation.py; training's RNGs untouched)."""
         t0 = time.perf_counter()
         acc = self.accelerator
-        scores = self.evaluator.scores(self.rollout_backend, acc.unwrap_model(self.policy), self.tokenizer, acc.device)
-        if self.world > 1:
-            from accelerate.utils import gather_object
-
-            scores = gather_object(scores)
+        scores = self.ranks.gather_objects(
+            self.evaluator.scores(self.rollout_backend, acc.unwrap_model(self.policy), self.tokenizer, acc.device))
         return {**self.evaluator.metrics(scores, updates), "perf/eval_time": time.perf_counter() - t0}
 
     def step(self, step: int) -> dict[str, float]:
-        r, acc = self.recipe, self.accelerator
+        r, acc, ranks = self.recipe, self.accelerator, self.ranks
         final_step = step == r.train.steps - 1
         # the policy that samples this step (after `step` updates); the last line gets the final one
         evaluated = self.evaluate(step) if self.evaluator and eval_due(step, r.eval.every) and not final_step else {}
@@ -674,55 +709,37 @@ class Trainer:
         t_gen = time.perf_counter() - t0  # with rewards since dynamic sampling scores between rounds
         train_rewards = self.training_rewards(rewards, per_fn)
         batch, (g_train_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, train_rewards, baselines)
-        g_rewards = g_train_rewards if train_rewards is rewards else acc.gather(rewards)
+        g_rewards = g_train_rewards if train_rewards is rewards else ranks.gather(rewards)
         lens_due = self.lens.due(step)
         if lens_due:
             self.lens.snapshot()  # parameters the batch was sampled with
         t1 = time.perf_counter()
-        metrics, last, first_logp = self.optimise(batch, step)
+        optimised, last, first_logp = self.optimise(batch, step)
         t_train = time.perf_counter() - t1
-        g_baselines = acc.gather(baselines) if baselines is not None else None
+        g_baselines = ranks.gather(baselines) if baselines is not None else None
         lens = self.lens.evaluate(batch, g_train_rewards, g_mask, g_kl, r.logging.diagnostics_sequences, g_baselines) if lens_due else None
 
-        # ---- metrics (global batch) ----
-        metrics = {k: float(acc.reduce(torch.tensor(v, device=acc.device), reduction="mean")) for k, v in metrics.items()} if self.world > 1 else metrics
-        metrics.update({k: float(v) for k, v in reward_metrics(g_rewards.cpu(), r.sampling.num_generations).items()})
-        metrics.update(sampled)
-        metrics.update(self._reward_logged_metrics())
-        metrics.update(self.distill_metrics)
-        for name, values in per_fn.items():
-            g = acc.gather(values.to(acc.device)).cpu()
-            metrics.update({k: float(v) for k, v in reward_function_metrics(name, g).items()})
-        if g_baselines is not None:
-            metrics["remax/baseline_reward"] = float(g_baselines.mean())
-        g_truncated = acc.gather(out.truncated.to(acc.device)).cpu()
-        metrics.update({k: float(v) for k, v in length_metrics(g_mask.cpu(), g_truncated).items()})
-        metrics.update({k: float(v) for k, v in terminated_length_metrics(g_mask.cpu(), g_truncated).items()})
-        metrics["kl"] = float(masked_mean(g_kl, g_mask)) if g_kl is not None else 0.0
-        metrics["kl/token_std"] = float(token_std_metric(g_kl, g_mask)) if g_kl is not None else 0.0
+        # ---- the global batch's figures (every rank takes part in the same collectives) ----
+        optimised = ranks_mean(ranks, optimised)
+        reward_logged = self._reward_logged_metrics()
+        g_per_fn = {name: ranks.gather(values.to(acc.device)).cpu() for name, values in per_fn.items()}
+        g_truncated = ranks.gather(out.truncated.to(acc.device)).cpu()
         trainer_logp = batch.old_logp if batch.old_logp is not None else first_logp
-        if out.rollout_logp is not None and trainer_logp is not None:
-            metrics.update(self._sampling_metrics(trainer_logp, out))
+        sampling = self._sampling_metrics(trainer_logp, out) if out.rollout_logp is not None and trainer_logp is not None else {}
         step_time = time.perf_counter() - t0
-        metrics["perf/step_time"] = step_time
-        metrics["perf/generation_time"] = t_gen
-        metrics["perf/train_time"] = t_train
-        if lens is not None:
-            metrics["perf/lens_time"] = lens["time"]
-        metrics["perf/tokens_per_s"] = float(g_mask.sum()) / step_time
-        self.tokens_seen += float(g_mask.sum())
-        metrics["perf/tokens"] = self.tokens_seen  # cumulative completion tokens (the UI's tokens x-axis)
-        seen = out.prompt_mask.sum() + out.completion_mask.sum()
-        self.num_tokens_seen += float(acc.reduce(seen, reduction="sum") if self.world > 1 else seen)
-        metrics["num_tokens"] = self.num_tokens_seen  # TRL: cumulative prompt + completion tokens
-        metrics["completions/count"] = float(g_mask.shape[0])  # the global batch, all ranks
-        truncated = torch.tensor(float(out.prompts_truncated), device=acc.device)
-        truncated = acc.reduce(truncated, reduction="sum") if self.world > 1 else truncated
-        metrics["prompts/truncated_ratio"] = float(truncated) / float(g_mask.shape[0])
+        timings = {"perf/step_time": step_time, "perf/generation_time": t_gen, "perf/train_time": t_train,
+                   **({"perf/lens_time": lens["time"]} if lens is not None else {})}
+        self.state.tokens_seen += float(g_mask.sum())
+        self.state.num_tokens_seen += float(ranks.sum(out.prompt_mask.sum() + out.completion_mask.sum()))
+        prompts_truncated = float(ranks.sum(torch.tensor(float(out.prompts_truncated), device=acc.device)))
         if self.evaluator and final_step:
             evaluated = self.evaluate(step + 1)
-        metrics.update(evaluated)
-        metrics["step"] = step
+        metrics = step_metrics(
+            optimised, g_rewards=g_rewards, group_size=r.sampling.num_generations, sampled=sampled,
+            reward_logged=reward_logged, distill=self.distill_metrics, g_per_fn=g_per_fn, g_baselines=g_baselines,
+            g_mask=g_mask, g_truncated=g_truncated, g_kl=g_kl, sampling=sampling, timings=timings,
+            tokens_seen=self.state.tokens_seen, num_tokens_seen=self.state.num_tokens_seen, prompts_truncated=prompts_truncated,
+            evaluated=evaluated, step=step)
 
         self.events.emit("metrics", step, metrics=metrics)
         self._emit_samples(step, rows, out, rewards, batch.advantages)
@@ -740,32 +757,21 @@ class Trainer:
         Over ranks: the mean of the ranks' means, the min / max of their min / max."""
         _, stats = rollout_correction(trainer_logp, out.rollout_logp, out.completion_mask,
                                       **correction_settings(self.recipe.algorithm))
-        if self.world > 1:
-            stats = {k: self._reduce(v, k.rsplit("/", 1)[1]) for k, v in stats.items()}
+        stats = {k: self.ranks.reduce(v, k.rsplit("/", 1)[1]) for k, v in stats.items()}
         return {k: float(v) for k, v in stats.items()}
 
     def _reward_logged_metrics(self) -> dict[str, float]:
         """The metrics reward functions logged with log_metric this step, under their own names
         (as TRL logs them): sum / count of the values over every rank (TRL's reduction)."""
         local = self.reward_logs[0].metrics
-        names = sorted(local)
-        if self.world > 1:  # every rank must reduce the same names in the same order
-            from accelerate.utils import gather_object
-
-            names = sorted(set(gather_object(names)))
+        names = sorted(set(self.ranks.gather_objects(sorted(local))))  # every rank reduces the same names in order
         out = {}
         for name in names:
             values = local.get(name, [])
             stats = torch.tensor([sum(values), len(values)], dtype=torch.float64, device=self.accelerator.device)
-            stats = self.accelerator.reduce(stats, reduction="sum") if self.world > 1 else stats
+            stats = self.ranks.sum(stats)
             out[name] = float(stats[0] / stats[1].clamp(min=1.0))
         return out
-
-    def _reduce(self, value: torch.Tensor, how: str) -> torch.Tensor:
-        """A scalar over ranks by ``how`` (mean / max / min; accelerate has no min: -max(-x))."""
-        if how == "min":
-            return -self.accelerator.reduce(-value, reduction="max")
-        return self.accelerator.reduce(value, reduction=how)
 
     def _emit_samples(self, step, rows, out, rewards, advantages) -> None:
         n = self.recipe.logging.samples_per_step
@@ -834,6 +840,61 @@ class Trainer:
                 self.events.close()
                 self.claim.release()  # the run is over: another trainer may resume it now
         return status
+
+
+def ranks_mean(ranks: Ranks, metrics: dict[str, float]) -> dict[str, float]:
+    """This rank's optimisation metrics averaged over ranks (each a float32 on the device, as
+    logged since the first multi-process runs), in one collective; unchanged on one process."""
+    if ranks.world == 1:
+        return metrics
+    names = list(metrics)
+    values = ranks.reduce(torch.stack([torch.tensor(metrics[k], device=ranks.device) for k in names]), "mean")
+    return dict(zip(names, (float(v) for v in values)))
+
+
+def step_metrics(optimised: dict[str, float], *, g_rewards, group_size: int, sampled: dict, reward_logged: dict,
+                 distill: dict, g_per_fn: dict, g_baselines, g_mask, g_truncated, g_kl, sampling: dict,
+                 timings: dict[str, float], tokens_seen: float, num_tokens_seen: float, prompts_truncated: float,
+                 evaluated: dict, step: int) -> dict[str, float]:
+    """One step's ``metrics`` event from its global-batch figures (no collective, no state; the
+    key order is the event's). optimised: optimise()'s metrics (averaged over ranks);
+    g_rewards (B,), g_mask (B, T), g_truncated (B,), g_kl (B, T) or None, g_per_fn name -> (B,),
+    g_baselines (B,) or None: gathered over ranks. timings: the ``perf/*_time`` figures, step time
+    first. tokens_seen / num_tokens_seen: the run's cumulative counts after this step."""
+    metrics = dict(optimised)
+    metrics.update({k: float(v) for k, v in reward_metrics(g_rewards.cpu(), group_size).items()})
+    metrics.update(sampled)
+    metrics.update(reward_logged)
+    metrics.update(distill)
+    for name, g in g_per_fn.items():
+        metrics.update({k: float(v) for k, v in reward_function_metrics(name, g).items()})
+    if g_baselines is not None:
+        metrics["remax/baseline_reward"] = float(g_baselines.mean())
+    metrics.update({k: float(v) for k, v in length_metrics(g_mask.cpu(), g_truncated).items()})
+    metrics.update({k: float(v) for k, v in terminated_length_metrics(g_mask.cpu(), g_truncated).items()})
+    metrics["kl"] = float(masked_mean(g_kl, g_mask)) if g_kl is not None else 0.0
+    metrics["kl/token_std"] = float(token_std_metric(g_kl, g_mask)) if g_kl is not None else 0.0
+    metrics.update(sampling)
+    metrics.update(timings)
+    metrics["perf/tokens_per_s"] = float(g_mask.sum()) / timings["perf/step_time"]
+    metrics["perf/tokens"] = tokens_seen  # cumulative completion tokens (the UI's tokens x-axis)
+    metrics["num_tokens"] = num_tokens_seen  # TRL: cumulative prompt + completion tokens
+    metrics["completions/count"] = float(g_mask.shape[0])  # the global batch, all ranks
+    metrics["prompts/truncated_ratio"] = prompts_truncated / float(g_mask.shape[0])
+    metrics.update(evaluated)
+    metrics["step"] = step
+    return metrics
+
+
+def objective_config(recipe: Recipe) -> ObjectiveConfig:
+    """core.policy_objective's settings from the recipe (the KL enters the loss only with
+    kl_placement=in_loss; with in_reward it is already in the advantages)."""
+    a = recipe.algorithm
+    return ObjectiveConfig(
+        policy_loss=a.policy_loss, loss=recipe.policy_loss_config(), aggregation=a.aggregation,
+        opsm_delta=a.opsm_delta, off_policy_mask_threshold=a.off_policy_mask_threshold,
+        top_entropy_quantile=a.top_entropy_quantile, kl_estimator=a.kl_estimator,
+        kl_coef=a.kl_coef if a.kl_placement == "in_loss" else 0.0)
 
 
 def correction_settings(a) -> dict[str, Any]:

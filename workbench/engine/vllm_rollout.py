@@ -40,6 +40,7 @@ import torch
 from workbench.engine.models import merged_state_dict
 from workbench.engine.prompts import Prompt
 from workbench.engine.rollout import Rollout, completion_mask_from_ids, encode_batch, model_stop_ids, valid_token_lists
+from workbench.engine.seeds import completion_seeds
 from workbench.model_facts import VLLM_CPU_KVCACHE_GIB, VLLM_GPU_MEMORY_UTILIZATION
 
 #: recipe ``train.precision`` -> the dtype vLLM computes in (the policy itself stays fp32 under
@@ -57,17 +58,6 @@ VLLM_ENV_DEFAULTS = {
 #: Fraction of accelerator memory the colocated engine may take (the rest is the trainer's; the
 #: recipe's memory check counts it, so the number lives with the model facts).
 GPU_MEMORY_UTILIZATION = VLLM_GPU_MEMORY_UTILIZATION
-
-#: vLLM seeds are 64-bit; keep every per-completion seed in a safe positive range.
-_SEED_MODULUS = 2**31 - 1
-
-
-def completion_seeds(seed: int, batch: int) -> list[int]:
-    """One sampling seed per completion of a batch: distinct within the batch, a pure function
-    of (``seed``, row), so a rerun with the same seed draws the same completions.
-
-    seed_i = (seed * 1_000_003 + i) mod (2^31 - 1), i = 0..batch-1."""
-    return [(seed * 1_000_003 + i) % _SEED_MODULUS for i in range(batch)]
 
 
 @contextmanager
