@@ -89,8 +89,9 @@ def test_every_combination_and_the_update_cosine():
     (g,) = torch.autograd.grad(aggregate_loss("seq-mean-token-mean", per_token, mask), W)
     # a plain SGD step theta_after = theta_before - 0.1 g: the update taken is 0.1 g
     rows, _ = report(update=0.1 * g.reshape(-1))
-    # no critic values and no greedy baselines here: gae and remax sit out
-    assert set(rows) == {(a, l) for a in lens_estimators() if a not in ("gae", "remax") for l in LOSSES}
+    # no critic values, no greedy baselines and no sum pi^2 here: gae, remax and the optimal token baselines sit out
+    sit_out = ("gae", "remax", "optimal_token_baseline", "tir_optimal_token_baseline")
+    assert set(rows) == {(a, l) for a in lens_estimators() if a not in sit_out for l in LOSSES}
     assert rows[("dr_grpo", "clip")]["cos_update"] == pytest.approx(1.0, abs=1e-12)
     assert rows[("rloo", "clip")]["cos_update"] == pytest.approx(1.0, abs=1e-12)
     assert rows[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-12)
@@ -107,7 +108,8 @@ def test_lens_key_maps_grpo_scales():
 
 def test_lens_covers_every_registered_estimator_and_grpo_scale():
     assert list(lens_estimators()) == ["grpo", "dr_grpo", "grpo_batch_std", "rloo", "reinforce", "reinforce_pp",
-                                       "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg"]
+                                       "reinforce_pp_baseline", "gae", "remax", "opo", "grpo_passk", "gpg",
+                                       "optimal_token_baseline", "tir_optimal_token_baseline"]
 
     @ADVANTAGE_ESTIMATORS.register("lens_test_constant")
     def constant(rewards, mask, cfg, *, kl=None, values=None):
@@ -183,8 +185,10 @@ def test_trainer_emits_lens_events(lens_run):
     assert lens["run"] == {"advantage": "dr_grpo", "policy_loss": "clip"}
     for point in ("before", "after"):
         combos = {(c["advantage"], c["policy_loss"]): c for c in lens["points"][point]}
-        # every registered loss x every estimator but GAE (no critic) and ReMax (no greedy baseline)
-        assert set(combos) == {(a, l) for a in lens_estimators() if a not in ("gae", "remax") for l in POLICY_LOSSES.names()}
+        # every registered loss x every estimator but GAE (no critic), ReMax (no greedy baseline) and the
+        # optimal token baselines (no sum pi^2)
+        sit_out = ("gae", "remax", "optimal_token_baseline", "tir_optimal_token_baseline")
+        assert set(combos) == {(a, l) for a in lens_estimators() if a not in sit_out for l in POLICY_LOSSES.names()}
         assert combos[("rloo", "clip")]["cos_run"] == pytest.approx(1.0, abs=1e-5)
         assert combos[("rloo", "clip")]["grad_norm"] / combos[("dr_grpo", "clip")]["grad_norm"] == pytest.approx(8 / 7, rel=1e-5)
     before = {(c["advantage"], c["policy_loss"]): c for c in lens["points"]["before"]}
