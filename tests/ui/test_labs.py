@@ -291,10 +291,12 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     at.selectbox(key="lens_metric").select("cos_run").run()
     dr = next(t for t in chart(at, "lens_over_run")["data"] if t["name"] == "dr_grpo x clip")
     rl = next(t for t in chart(at, "lens_over_run")["data"] if t["name"] == "rloo x clip")
-    # RLOO = G/(G-1) Dr. GRPO: same angle to the run's gradient (NaN where that gradient was 0:
-    # every group's rewards equal, so every advantage and gradient is 0 and no angle exists)
-    np.testing.assert_allclose(values(dr["y"]), values(rl["y"]), atol=1e-6, equal_nan=True)
-    assert not np.isnan(values(dr["y"])).all()
+    # RLOO = G/(G-1) Dr. GRPO: the same angle to the run's gradient where the rows' other terms vanish.
+    # Every row carries the run's whole objective, here grpo's in-loss k3 KL (beta 0.04), which does
+    # not scale with the advantages; its gradient is 0 at step 0 (policy = reference), so the
+    # identity is exact there and only approximate after.
+    np.testing.assert_allclose(values(dr["y"])[0], values(rl["y"])[0], atol=1e-6)
+    np.testing.assert_allclose(values(dr["y"]), values(rl["y"]), atol=1e-2, equal_nan=True)
     heat = chart(at, "lens_heatmap")["data"][0]
     assert heat["x"] == list(POLICY_LOSSES.names()) and heat["y"] == rows
 
