@@ -140,7 +140,8 @@ def test_inert_knob_reasons():
             continue
         critic = {"algorithm__critic": True} if s.needs_critic else {}
         got = inert(algorithm__advantage=name, **critic)
-        assert ("algorithm.gamma" in got) == (s.level == "sequence"), name
+        assert ("algorithm.gamma" in got) == ("algorithm.gamma" not in s.knob_fields), name
+        assert s.level == "token" or "algorithm.gamma" in got, name  # a sequence-level estimator never discounts
         assert ("algorithm.lam" in got) == (not s.needs_critic), name
         assert ("algorithm.vf_coef" in got) == (not s.needs_critic), name
     assert "algorithm.adv_eps" in inert(algorithm__grpo_scale="none") and "algorithm.adv_eps" not in inert()

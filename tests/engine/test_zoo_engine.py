@@ -331,3 +331,34 @@ def test_two_processes_agree_with_every_addition_on(wb_home, few_problems, tmp_p
         assert m["clip_ratio/high_max"] >= m["clip_ratio/high_mean"] - 1e-7
         assert m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/mean"] <= m["sampling/importance_sampling_ratio/max"] <= 5
         assert m["dynamic_sampling/rounds"] in (1.0, 2.0)
+
+
+# ---- the optimal token baselines (verl 0.9.1): the policy's own statistics -------------------------
+
+
+def test_optimal_token_baseline_weighs_paths_by_the_policys_own_statistics(wb_home, few_problems, tmp_path):
+    from workbench.core import compute_advantages
+    from workbench.engine.forward import completion_logits
+
+    recipe = recipe_for(few_problems, "algorithm.advantage=optimal_token_baseline", "sampling.temperature=0.7")
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    rows, out = t.rollout(0)
+    rewards, _ = t.score(rows, out, 0)
+    batch, _ = t.prepare_batch(out, rewards)
+    # by hand: pi = softmax(logits / T) of the policy that sampled, in float64
+    mask = out.completion_mask
+    with torch.no_grad():
+        logits = completion_logits(t.policy, out.prompt_ids, out.prompt_mask, out.completion_ids, mask).double()
+    probs = torch.softmax(logits / 0.7, dim=-1)
+    old_logp = torch.log(probs.gather(-1, out.completion_ids[..., None]).squeeze(-1)) * mask
+    sum_pi_squared = probs.square().sum(-1) * mask
+    expected = compute_advantages("optimal_token_baseline", rewards.double(), mask.double(), recipe.advantage_config(),
+                                  old_logp=old_logp, sum_pi_squared=sum_pi_squared).advantages
+    torch.testing.assert_close(batch.advantages.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baseline_runs_train(wb_home, few_problems, tmp_path, name):
+    _, ms = run(recipe_for(few_problems, "train.steps=3", f"algorithm.advantage={name}"), tmp_path)
+    assert len(ms) == 3 and all(math.isfinite(m["loss/policy"]) and math.isfinite(m["grad_norm"]) for m in ms)

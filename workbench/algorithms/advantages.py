@@ -27,8 +27,6 @@ GPG_ALPHA = Knob("algorithm.gpg_alpha", choices=GPG_ALPHAS)
 #: The optimal token baselines' path weight: the score's variance accumulated along the completion.
 OTB_EQUATIONS = (r"W_{i,t} = \sum_{j \le t} \big(1 - 2\pi_{i,j} + \textstyle\sum_v \pi_{i,j,v}^2\big)\,[\rho_{i,j}^2]",
                  r"B_t = \frac{\sum_{i \in g} G_{i,t} W_{i,t}}{\sum_{i \in g} W_{i,t}},\qquad A_{i,t} = G_{i,t} - B_t")
-OTB_NOTE = ("The trainer does not yet compute sum_v pi_v^2 per token (it needs the full softmax at the old-log-prob "
-            "pass), so no run can be launched with it; the walkthrough and the core function are exact.")
 
 GROUP_MEAN = r"\operatorname{mean}_g(r)"
 
@@ -147,7 +145,7 @@ SPECS: dict[str, Spec] = by_name(
          ("B_t is taken at the absolute position t: padding inside a row (tool outputs) shifts it; "
           "tir_optimal_token_baseline indexes by valid token instead.",
           "With rollout IS weights rho, W accumulates rho^2 too."),
-         level="token", needs_groups=True, needs_policy_stats=True, launch_note=OTB_NOTE, inert_when=no_critic),
+         level="token", needs_groups=True, needs_policy_stats=True, inert_when=no_critic),
     Spec("advantage", "tir_optimal_token_baseline", "Optimal token baseline (multi-turn)",
          f"{CORE}:tir_optimal_token_baseline_advantages",
          OTB_EQUATIONS,
@@ -155,6 +153,7 @@ SPECS: dict[str, Spec] = by_name(
          "masked out between turns do not shift one completion's tokens against another's.",
          "verl adv_estimator=tir_optimal_token_baseline.",
          (GROUP_SIZE, KL_IN_REWARD),
-         ("With right padding only it equals optimal_token_baseline.",),
-         level="token", needs_groups=True, needs_policy_stats=True, launch_note=OTB_NOTE, inert_when=no_critic),
+         ("With right padding only it equals optimal_token_baseline.",
+          "The trainer computes sum_v pi_v^2 in the old-log-prob forward (one more softmax over the vocabulary)."),
+         level="token", needs_groups=True, needs_policy_stats=True, inert_when=no_critic),
 )

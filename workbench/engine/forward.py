@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from workbench.core import entropy_from_logits, logprobs_from_logits
+from workbench.core import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits
 
 
 def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -38,15 +38,34 @@ def logprobs_and_entropy(model, batch, temperature: float, with_entropy: bool = 
 
     ``batch``: anything with prompt_ids, prompt_mask, completion_ids, completion_mask (a Rollout
     or a StepBatch)."""
-    T = batch.completion_ids.shape[1]
-    L = max(1, int(batch.completion_mask.sum(dim=1).max()))
-    ids, mask = batch.completion_ids[:, :L], batch.completion_mask[:, :L]
-    logits = completion_logits(model, batch.prompt_ids, batch.prompt_mask, ids, mask)
+    T, ids, logits = _valid_logits(model, batch)
+    L = ids.shape[1]
     logp = nn.functional.pad(logprobs_from_logits(logits, ids, temperature), (0, T - L))
     entropy = None
     if with_entropy or entropy_grad:
         entropy = nn.functional.pad(entropy_from_logits(logits if entropy_grad else logits.detach(), temperature), (0, T - L))
     return logp, entropy
+
+
+def _valid_logits(model, batch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(T, completion ids (B, L), logits (B, L, V)) over the first L = longest valid completion
+    positions (see ``logprobs_and_entropy``)."""
+    T = batch.completion_ids.shape[1]
+    L = max(1, int(batch.completion_mask.sum(dim=1).max()))
+    ids, mask = batch.completion_ids[:, :L], batch.completion_mask[:, :L]
+    return T, ids, completion_logits(model, batch.prompt_ids, batch.prompt_mask, ids, mask)
+
+
+@torch.no_grad()
+def logprobs_and_sum_pi_squared(model, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log pi(token) (B, T), as ``logprobs_and_entropy``, and sum_v pi_v^2 (B, T) of the
+    sampling distribution softmax(logits / temperature) at each position, from the same forward:
+    the policy statistics the optimal token baselines weigh paths by. Padding positions hold 0."""
+    T, ids, logits = _valid_logits(model, batch)
+    L = ids.shape[1]
+    logp = nn.functional.pad(logprobs_from_logits(logits, ids, temperature), (0, T - L))
+    sum_pi_squared = sum_pi_squared_from_logits(logits / temperature) * batch.completion_mask[:, :L].to(logits.dtype)
+    return logp, nn.functional.pad(sum_pi_squared, (0, T - L))
 
 
 class ValueModel(nn.Module):

@@ -60,12 +60,12 @@ from workbench.core import (
     token_std_metric,
     truncation_mask,
 )
-from workbench.core.choices import BASELINE_ESTIMATORS
+from workbench.core.choices import BASELINE_ESTIMATORS, POLICY_STAT_ESTIMATORS
 from workbench.core.entropy_control import EntropyControl, EntropyControlState, applied_entropy_coef, update_entropy_control
 from workbench.core.distillation import distillation_metrics, shape_advantages
 from workbench.engine import checkpoint, rundir, seeds
 from workbench.engine.events import EVENTS_FILE, EventWriter, stdout_mirror
-from workbench.engine.forward import ValueModel, logprobs_and_entropy
+from workbench.engine.forward import ValueModel, logprobs_and_entropy, logprobs_and_sum_pi_squared
 from workbench.engine.lens import SameBatchLens
 from workbench.engine.ranks import Ranks, global_counts
 from workbench.engine.rewards import RewardFunctionError, RewardLogs, compute_rewards, load_reward_function, reward_weights_for
@@ -509,8 +509,15 @@ class Trainer:
         if correct and out.rollout_logp is None:
             raise ValueError(f"algorithm.rollout_correction={a.rollout_correction!r} needs the rollout engine's log-probs, "
                              f"and rollout backend {r.train.rollout!r} gave none")
+        # The optimal token baselines weigh each path by its score variance: sum_v pi_v^2 comes
+        # from the same forward as the old log-probs.
+        policy_stats = a.advantage in POLICY_STAT_ESTIMATORS
         needs_old = not r.train.single_pass or self.reference is not None or correct or self.teacher is not None
-        old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0] if needs_old else None
+        sum_pi_squared = None
+        if policy_stats:
+            old_logp, sum_pi_squared = logprobs_and_sum_pi_squared(self.policy, out, r.sampling.temperature)
+        else:
+            old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0] if needs_old else None
         ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
         kl = kl_per_token(a.kl_estimator, old_logp, ref_logp, mask) if ref_logp is not None else None
@@ -521,15 +528,19 @@ class Trainer:
         g_kl = ranks.gather(kl) if kl is not None else None
         g_values = ranks.gather(old_values) if old_values is not None else None
         g_baselines = ranks.gather(baselines) if baselines is not None else None
+        is_weights = None
+        if correct:  # w = pi_old / pi_rollout per token or sequence, bounded (core.rollout_correction)
+            is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, **correction_settings(a))
+        stats = {}
+        if policy_stats:  # verl weighs the paths by rho^2 too when the rollout is corrected
+            stats = dict(old_logp=ranks.gather(old_logp), sum_pi_squared=ranks.gather(sum_pi_squared),
+                         is_weights=ranks.gather(is_weights) if is_weights is not None else None)
         adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values,
-                                 baselines=g_baselines)
+                                 baselines=g_baselines, **stats)
         if self.teacher is not None:
             adv = adv._replace(advantages=self.distill(out, old_logp, g_mask, adv.advantages))  # returns (critic targets) stay
         mine = ranks.rows(mask.shape[0])
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
-        is_weights = None
-        if correct:  # w = pi_old / pi_rollout per token or sequence, bounded (core.rollout_correction)
-            is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, **correction_settings(a))
         batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
                           out.rollout_logp if a.off_policy_mask_threshold is not None else None)
