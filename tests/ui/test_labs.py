@@ -379,6 +379,7 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
     from workbench.core.choices import PolicyLossConfig
     from workbench.ui.labs.estimators import explanation, knob_start
     from workbench.ui.labs import page_url
+    from workbench.viz import lab_estimators as viz_est
 
     lengths = [2, 4, 3, 1, 2, 2, 4, 3]
     mask = (torch.arange(4)[None] < torch.tensor(lengths)[:, None]).to(REWARD_DTYPE)
@@ -391,13 +392,14 @@ def test_walkthrough_values_are_the_core_functions_for_every_registered_name(hom
         cfg = AdvantageConfig(group_size=4, **{k: getattr(start, k) for k in explanation("advantage", name).knob_names
                                                if k not in ("group_size", "kl_coef")})
         stats = name in POLICY_STAT_ESTIMATORS  # the page's default pi_old and sum pi^2 per completion
+        inputs = {i.keyword: viz_est.parse_numbers(i.default) for i in viz_est.ADVANTAGE_INPUTS["needs_policy_stats"]}
         per_token = lambda xs: torch.tensor(xs, dtype=REWARD_DTYPE)[:, None] * mask  # noqa: E731
         core = compute_advantages(name, rewards, mask, cfg,
                                   values=0.5 * mask if name in CRITIC_ESTIMATORS else None,
                                   baselines=torch.tensor([0.0] * 4 + [1.0] * 4) if name in BASELINE_ESTIMATORS else None,
-                                  old_logp=torch.log(torch.tensor([0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5],
-                                                                  dtype=REWARD_DTYPE))[:, None] * mask if stats else None,
-                                  sum_pi_squared=per_token([0.82, 0.3, 0.1, 0.5, 0.82, 0.4, 0.15, 0.3]) if stats else None)
+                                  old_logp=torch.log(torch.tensor(inputs["token_probs"], dtype=REWARD_DTYPE))[:, None] * mask
+                                  if stats else None,
+                                  sum_pi_squared=per_token(inputs["sum_pi_squared"]) if stats else None)
         shown = _example(at)[[f"A_t{t}" for t in range(4)]].to_numpy()
         np.testing.assert_array_equal(np.nan_to_num(shown.astype(float)), core.advantages.double().numpy(), err_msg=name)
     d = torch.tensor([[0.0, 0.1, 0.5, 0.0], [-0.3, -0.05, 0.2, 1.0]], dtype=torch.float64)

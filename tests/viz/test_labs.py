@@ -429,7 +429,7 @@ def test_advantage_example_is_compute_advantages_for_every_registered_estimator(
     for name in ADVANTAGE_ESTIMATORS.names():
         extra = {"values": [0.5] * 8} if name in CRITIC_ESTIMATORS else {}
         extra |= {"baselines": [0, 0, 0, 0, 1, 1, 1, 1]} if name in BASELINE_ESTIMATORS else {}
-        probs, spi2 = [0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5], [0.8, 0.3, 0.1, 0.5, 0.8, 0.4, 0.2, 0.3]
+        probs, spi2 = [0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5], [0.82, 0.3, 0.1, 0.5, 0.82, 0.4, 0.15, 0.3]
         stats = name in POLICY_STAT_ESTIMATORS
         extra |= {"token_probs": probs, "sum_pi_squared": spi2} if stats else {}
         table = est.advantage_example(name, EXAMPLE_REWARDS, EXAMPLE_LENGTHS, cfg, **extra)
@@ -532,3 +532,31 @@ def test_off_policy_the_losses_part_by_hand():
     assert cispo["token-mean"].tolist() == pytest.approx([2 / 11 * 1.2] * 2)  # weight capped at 1 + eps_high
     fig = json.loads(agg.aggregation_figure(clip, "grad_logp").to_json())
     assert fig["layout"]["yaxis"]["title"]["text"] == "dJ / d log pi per token"
+
+
+def test_worked_examples_refuse_numbers_no_example_can_use():
+    from workbench.core import AdvantageConfig
+
+    for text in ("1, nan", "inf, 0", "1, -inf"):  # float() accepts them; the class is refused, not one spelling
+        with pytest.raises(ValueError, match="is not a finite number"):
+            est.parse_numbers(text, "rewards")
+    cfg = AdvantageConfig(group_size=2)
+    with pytest.raises(ValueError, match=f"from 1 to {est.MAX_EXAMPLE_LENGTH}"):
+        est.advantage_example("grpo", [1, 0], [2, est.MAX_EXAMPLE_LENGTH + 1], cfg)
+    with pytest.raises(ValueError, match=f"at most {est.MAX_EXAMPLE_COMPLETIONS}"):
+        est.advantage_example("grpo", [0.0] * (est.MAX_EXAMPLE_COMPLETIONS + 2), [1] * (est.MAX_EXAMPLE_COMPLETIONS + 2), cfg)
+    stats = dict(token_probs=[0.5, 0.5], sum_pi_squared=[0.5, 0.5])
+    for key, bad in (("token_probs", [0.0, 0.5]), ("token_probs", [1.5, 0.5]), ("sum_pi_squared", [0.0, 0.5]),
+                     ("sum_pi_squared", [1.2, 0.5])):
+        with pytest.raises(ValueError, match=rf"{key}=.*must lie in \(0.0, 1.0\]"):
+            est.advantage_example("optimal_token_baseline", [1, 0], [2, 2], cfg, **{**stats, key: bad})
+    with pytest.raises(ValueError, match="below token_probs"):  # pi^2 of the sampled token is part of the sum
+        est.advantage_example("optimal_token_baseline", [1, 0], [2, 2], cfg, token_probs=[0.9, 0.5], sum_pi_squared=[0.5, 0.5])
+
+
+def test_the_example_inputs_follow_the_specs_capabilities():
+    from workbench.algorithms import spec
+
+    inputs = lambda name: {i.keyword for i in est.example_inputs(spec("advantage", name))}  # noqa: E731
+    assert inputs("gae") == {"values"} and inputs("remax") == {"baselines"} and inputs("grpo") == set()
+    assert inputs("tir_optimal_token_baseline") == {"token_probs", "sum_pi_squared"}

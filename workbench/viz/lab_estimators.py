@@ -44,14 +44,59 @@ SEQUENCE_VARIANTS: tuple[Variant, ...] = (
 
 
 def parse_numbers(text: str, field_name: str = "rewards") -> list[float]:
-    """'1, 0, 0.5' -> [1.0, 0.0, 0.5]; ValueError naming the field and value otherwise."""
+    """'1, 0, 0.5' -> [1.0, 0.0, 0.5]; ValueError naming the field and value otherwise (also for
+    'nan' and 'inf', which float() accepts but no worked example can use)."""
     try:
         values = [float(x) for x in text.replace(";", ",").split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"{field_name}={text!r}: expected numbers separated by commas, e.g. 1, 0, 0.5") from None
+        raise ValueError(f"{field_name}={text[:80]!r}: expected numbers separated by commas, e.g. 1, 0, 0.5") from None
     if not values:
         raise ValueError(f"{field_name} is empty: enter at least one number")
+    bad = next((v for v in values if not math.isfinite(v)), None)
+    if bad is not None:
+        raise ValueError(f"{field_name}={text[:80]!r}: {bad} is not a finite number; enter finite numbers")
     return values
+
+
+# A worked example is a table with one column per token position, computed in the app's process.
+MAX_EXAMPLE_COMPLETIONS = 256
+MAX_EXAMPLE_LENGTH = 256
+
+
+@dataclass(frozen=True)
+class ExampleInput:
+    """One per-completion input of the advantage example besides the rewards, read by the estimators
+    whose spec has a capability (``ADVANTAGE_INPUTS``): ``keyword`` of ``advantage_example``, the
+    page's label and default text, and the open / closed interval its values must lie in."""
+
+    keyword: str
+    label: str
+    default: str
+    above: float | None = None  # values must be > above
+    at_most: float | None = None  # values must be <= at_most
+
+    def check(self, values: Sequence[float]) -> None:
+        for v in values:
+            if (self.above is not None and not v > self.above) or (self.at_most is not None and not v <= self.at_most):
+                raise ValueError(f"{self.keyword}={v}: each value must lie in ({self.above}, {self.at_most}]")
+
+
+#: Spec capability -> the inputs its estimators read beside the rewards, one value per completion.
+ADVANTAGE_INPUTS: dict[str, tuple[ExampleInput, ...]] = {
+    "needs_critic": (ExampleInput("values", "Critic value V on every token of each completion",
+                                  "0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5"),),
+    "needs_baseline_rollout": (ExampleInput("baselines", "Baseline reward of each completion (ReMax: its prompt's greedy "
+                                            "completion, repeated over the group)", "0, 0, 0, 0, 1, 1, 1, 1"),),
+    "needs_policy_stats": (ExampleInput("token_probs", "pi_old of the sampled tokens of each completion",
+                                        "0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5", above=0.0, at_most=1.0),
+                           ExampleInput("sum_pi_squared", "sum_v pi_v^2 at each position of each completion",
+                                        "0.82, 0.3, 0.1, 0.5, 0.82, 0.4, 0.15, 0.3", above=0.0, at_most=1.0)),
+}
+
+
+def example_inputs(spec) -> tuple[ExampleInput, ...]:
+    """The extra inputs of an advantage estimator's worked example, from its spec's capabilities."""
+    return tuple(i for capability, inputs in ADVANTAGE_INPUTS.items() if getattr(spec, capability) for i in inputs)
 
 
 def sequence_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6,
@@ -222,14 +267,25 @@ def advantage_example(name: str, rewards: Sequence[float], lengths: Sequence[int
     completion i (policy-statistics estimators: old_logp = log token_probs). Rewards in
     REWARD_DTYPE, as the engine. -> one row per completion: group, reward, length, A_t0.. per
     token (empty on padding), and R_t0.. (returns) where they differ from the advantages."""
+    if len(rewards) > MAX_EXAMPLE_COMPLETIONS:
+        raise ValueError(f"rewards has {len(rewards)} entries: a worked example takes at most {MAX_EXAMPLE_COMPLETIONS}")
     if len(lengths) != len(rewards):
         raise ValueError(f"lengths has {len(lengths)} entries but rewards has {len(rewards)}: give one length per completion")
-    if any(n < 1 or n != int(n) for n in lengths):
-        raise ValueError(f"lengths={list(lengths)}: each completion needs a whole number of tokens >= 1")
-    for label, given in (("values", values), ("baselines", baselines), ("token_probs", token_probs),
-                         ("sum_pi_squared", sum_pi_squared)):
+    if any(not 1 <= n <= MAX_EXAMPLE_LENGTH or n != int(n) for n in lengths):
+        raise ValueError(f"lengths={list(lengths)[:8]}: each completion needs a whole number of tokens from 1 to "
+                         f"{MAX_EXAMPLE_LENGTH}")
+    given_inputs = {"values": values, "baselines": baselines, "token_probs": token_probs, "sum_pi_squared": sum_pi_squared}
+    checks = {i.keyword: i for inputs in ADVANTAGE_INPUTS.values() for i in inputs}
+    for label, given in given_inputs.items():
         if given is not None and len(given) != len(rewards):
             raise ValueError(f"{label} has {len(given)} entries but rewards has {len(rewards)}: give one per completion")
+        if given is not None:
+            checks[label].check(given)
+    if token_probs is not None and sum_pi_squared is not None:  # the sampled token's own pi^2 is in the sum
+        for i, (p, s2) in enumerate(zip(token_probs, sum_pi_squared)):
+            if s2 < p * p:
+                raise ValueError(f"sum_pi_squared={s2} of completion {i} is below token_probs^2 = {p * p:.6g}: the sum "
+                                 "over the vocabulary includes the sampled token's own pi^2")
     G = cfg.group_size
     if G < 1 or len(rewards) % G:
         raise ValueError(f"group size={G} must be >= 1 and divide the number of rewards ({len(rewards)})")

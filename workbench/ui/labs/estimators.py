@@ -306,19 +306,9 @@ def _advantage_example(name: str, knobs: dict[str, Any]) -> list[str]:
     rtext = c1.text_input("Rewards (groups of G contiguous completions)", "1, 0, 0, 0, 1, 1, 1, 0", key=f"wt_{name}_rewards")
     ltext = c2.text_input("Completion lengths (tokens)", "2, 4, 3, 1, 2, 2, 4, 3", key=f"wt_{name}_lengths")
     G = int(c3.number_input("G", 1, 64, 4, key=f"wt_{name}_G"))
-    extra = {}
-    estimator = FAMILIES["advantage"].specs.get(name)
-    if estimator is not None and estimator.needs_critic:
-        extra["values"] = st.text_input("Critic value V on every token of each completion", "0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5",
-                                        key=f"wt_{name}_values")
-    if estimator is not None and estimator.needs_baseline_rollout:
-        extra["baselines"] = st.text_input("Baseline reward of each completion (ReMax: its prompt's greedy completion, "
-                                           "repeated over the group)", "0, 0, 0, 0, 1, 1, 1, 1", key=f"wt_{name}_baselines")
-    if estimator is not None and estimator.needs_policy_stats:
-        extra["token_probs"] = st.text_input("pi_old of the sampled tokens of each completion", "0.9, 0.5, 0.2, 0.7, 0.9, 0.6, 0.3, 0.5",
-                                             key=f"wt_{name}_token_probs")
-        extra["sum_pi_squared"] = st.text_input("sum_v pi_v^2 at each position of each completion",
-                                                "0.82, 0.3, 0.1, 0.5, 0.82, 0.4, 0.15, 0.3", key=f"wt_{name}_sum_pi_squared")
+    estimator = FAMILIES["advantage"].specs.get(name)  # a name registered without a spec gets the rewards only
+    extra = {i.keyword: st.text_input(i.label, i.default, key=f"wt_{name}_{i.keyword}")
+             for i in (viz.example_inputs(estimator) if estimator is not None else ())}
     rewards = viz.parse_numbers(rtext, "rewards")
     lengths = viz.parse_numbers(ltext, "lengths")
     given = {k: viz.parse_numbers(v, k) for k, v in extra.items()}
