@@ -102,7 +102,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
     go.click()
     page.get_by_text("Launched comparison group").wait_for()
     runs = store.list_runs()
-    assert sorted(runs["algorithm"]) == ["grpo", "rloo"] and set(runs["created_by"]) == {"erin"}
+    assert sorted(runs["algorithm"]) == ["grpo", "rloo"] and set(runs["created_by"]) == {"erin (password)"}
     rloo_id = runs.loc[runs["algorithm"] == "rloo", "id"].item()
 
     # ---- watch live: the chart gains points while the page is not reloaded -----------------------

@@ -162,3 +162,23 @@ def test_the_cli_acts_as_the_local_user_with_role_admin(full_queue, tmp_path):
     res = cli(tmp_path, "launch", "grpo", "--set", "train.steps=1")
     assert res.returncode == 0, res.stderr
     assert store.get_run(res.stdout.strip()).created_by == getpass.getuser()
+
+
+@pytest.mark.parametrize("action", list(RUN_ACTIONS))
+def test_a_password_member_cannot_claim_the_runs_of_a_verified_name(fresh_home, action):
+    """A shared-password sign-in only claims a name: typing the OS user's name (the owner of every
+    run the CLI launched) gives no power over those runs, and what the member launches is recorded
+    under the suffixed claim, which a verified name can never equal."""
+    from workbench.runs.authz import PASSWORD_AUTH, local_user_name
+
+    store = RunStore()
+    call, status, _ = RUN_ACTIONS[action]
+    _seed(store, fresh_home, "cli-run", status, owner=local_principal().owner)
+    impostor = Principal(local_user_name(), "member", PASSWORD_AUTH)
+    before = _snapshot(store)
+    with pytest.raises(PermissionDenied, match=f"needs to be the run's owner \\({local_user_name()}\\)"):
+        call(store, "cli-run", impostor)
+    assert _snapshot(store) == before
+    assert impostor.owner == f"{local_user_name()} (password)" and local_principal().owner == local_user_name()
+    _seed(store, fresh_home, "pw-run", status, owner=impostor.owner)
+    assert refusal(impostor, action, store.get_run("pw-run")) is None  # their own launches stay theirs

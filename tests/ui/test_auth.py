@@ -97,7 +97,7 @@ def test_owner_of_a_launch_from_the_page_is_the_signed_in_user(home, monkeypatch
     store = wr.RunStore()
     runs = store.list_runs()
     try:
-        assert runs["created_by"].tolist() == ["dave"]
+        assert runs["created_by"].tolist() == ["dave (password)"]  # a typed name is a claim: suffixed
     finally:
         for run_id in runs["id"]:
             wr.cancel(run_id, principal=local_principal(), store=store, grace_s=5)
@@ -194,7 +194,13 @@ def test_the_password_gives_member_and_the_admin_password_admin(two_passwords):
 
 
 def test_one_shared_password_signs_in_an_admin_as_before_roles(signed_out):
-    assert auth.sign_in("carol", "s3cret", address="198.51.100.7") is None  # no admin password set: everyone admin
+    # no admin password set: everyone who signs in is admin (the README's "Teams" bullet)
+    assert (auth.password_role("s3cret"), auth.password_role("wrong")) == ("admin", None)
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.sidebar.text_input(key="wb_login_user").input("carol")
+    at.sidebar.text_input(key="wb_login_password").input("s3cret")
+    sign_in_button(at).click().run()
+    assert (at.session_state["wb_user"], at.session_state["wb_role"]) == ("carol", "admin")
 
 
 def test_a_member_may_not_touch_another_members_run_nor_the_settings(two_passwords, store):
@@ -227,7 +233,7 @@ def test_a_member_may_not_touch_another_members_run_nor_the_settings(two_passwor
 def test_a_member_manages_their_own_run(two_passwords, store):
     from tests.ui.seed import add_run
 
-    mine = add_run(store, owner="bob", name="mine")
+    mine = add_run(store, owner="bob (password)", name="mine")  # what bob's password sign-in records
     at = signed_in(AppTest.from_string("from workbench.ui import runs_page; runs_page.render()"), "bob", "member").run()
     at.selectbox(key="runs_selected").select(mine).run()
     at.text_area(key=f"runs_notes:{mine}").input("mine indeed").run()

@@ -239,7 +239,7 @@ def test_launch_button_needs_sign_in_and_launches_with_the_pages_settings(lab_ho
         (run_id,) = at.session_state["compare_runs"]
         launched[key] = store.get_run(run_id)
         cancel(run_id, principal=local_principal(), store=store)
-    assert {k: r["created_by"] for k, r in launched.items()} == {"gspo": "erin", "cispo": "erin"}
+    assert {k: r["created_by"] for k, r in launched.items()} == {"gspo": "erin (password)", "cispo": "erin (password)"}
     gspo, cispo = (Recipe.from_yaml(launched[k]["recipe"]).algorithm for k in ("gspo", "cispo"))
     assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 0.1, 0.1)
     assert (cispo.policy_loss, cispo.eps_low, cispo.eps_high) == ("cispo", 1.0, 0.5)

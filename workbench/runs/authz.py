@@ -5,7 +5,7 @@ they were authenticated. Roles, lowest first:
 
 - ``viewer``: reads everything, changes nothing;
 - ``member``: launches runs, and cancels, resumes, deletes and edits (name, tags, notes) the runs
-  they launched (``created_by`` equals their name);
+  they launched (``created_by`` equals their ``owner``);
 - ``admin``: everything, including other people's runs and the workbench settings.
 
 Every action of the service (``launch``, ``launch_planned``, ``launch_group``, ``cancel``,
@@ -14,6 +14,13 @@ Every action of the service (``launch``, ``launch_planned``, ``launch_group``, `
 action, the user and what is needed. The app (``workbench.ui.auth.current_principal``) builds the
 principal from its sign-in state; the CLI acts as ``local_principal()``. A later API or a team
 identity provider only builds principals: the rule stays here.
+
+Ownership is as strong as the identity behind it. A name typed at a shared-password sign-in is a
+claim, not an identity (anyone with the password can type any name), so it is recorded with the
+suffix " (password)" (``Principal.owner``): a verified name (the OS user, a later identity
+provider) can never equal it, and no password member can take over the runs launched from the
+CLI or before a password was set. Between password members, ownership prevents mistakes, not
+impersonation: give people their own admin password, or an identity provider (issue 21).
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from workbench.runs.records import Run, RunError
 
 ROLES = ("viewer", "member", "admin")  # lowest first: a role may do what the roles before it may
 LOCAL_AUTH = "local OS user"
+PASSWORD_AUTH = "shared password"
+# How names are established that are claims, not identities: their owner key carries a suffix with
+# a space, which no checked user name can contain.
+CLAIMED_AUTHS = {PASSWORD_AUTH: " (password)"}
 
 
 class PermissionDenied(RunError):
@@ -48,8 +59,14 @@ class Principal:
     def at_least(self, role: str) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
 
+    @property
+    def owner(self) -> str:
+        """What a run this principal launches records as ``created_by``, and what ``owns`` compares:
+        the name, suffixed when it is only claimed (``CLAIMED_AUTHS``)."""
+        return self.name + CLAIMED_AUTHS.get(self.auth, "")
+
     def owns(self, run: Run) -> bool:
-        return run.created_by == self.name
+        return run.created_by == self.owner
 
     def __str__(self) -> str:
         return f"{self.name} ({self.role}, {self.auth})"

@@ -4,7 +4,7 @@ resume, delete, edit (name, tags, notes), and saving the workbench settings.
 Every action takes ``principal`` (``workbench.runs.authz.Principal``: who acts, with which role)
 and is authorised (``authz.authorize``) before anything is read from a target or written: a
 refusal is ``PermissionDenied`` and leaves the store, the run directories and the settings file as
-they were. What a new run records as its owner (``created_by``) is the principal's name. The UI,
+they were. What a new run records as its owner (``created_by``) is the principal's ``owner``. The UI,
 the CLI and any later API call these functions, so the rule is written once.
 """
 
@@ -103,7 +103,7 @@ def launch(recipe: Recipe, *, principal: Principal, target: str = "local", name:
     group = check_group(group) if group else None
     launcher = launcher_for(target, settings)
     row = _new_run(recipe, target=target, launcher=launcher, name=name, group=group, tags=tags, notes=notes,
-                   created_by=principal.name, num_processes=num_processes, arm=arm, sweep=sweep)
+                   created_by=principal.owner, num_processes=num_processes, arm=arm, sweep=sweep)
     return _register_and_start(store, settings, launcher, [(row, recipe)], principal)[0]
 
 
@@ -189,7 +189,7 @@ def launch_planned(planned: Sequence[PlannedRun], *, principal: Principal, group
     check_launch_inputs([run.recipe for run in planned], target=target, reward_funcs_allowed=reward_funcs_allowed,
                         trust_local_imports=trust_local_imports, settings=settings)
     runs = [(_new_run(run.recipe, target=target, launcher=launcher, name=None, group=group, tags=tags, notes=notes,
-                      created_by=principal.name, num_processes=num_processes, arm=run.arm, sweep=run.sweep), run.recipe)
+                      created_by=principal.owner, num_processes=num_processes, arm=run.arm, sweep=run.sweep), run.recipe)
             for run in planned]
     check = (lambda arms: check_joins_group(arms[group], group, planned)) if group else None
     return _register_and_start(store, settings, launcher, runs, principal, check)

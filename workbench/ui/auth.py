@@ -6,7 +6,7 @@ configured, every launch / cancel / delete / settings change needs a signed-in u
 comes from the environment variable ``WORKBENCH_PASSWORD`` or ``st.secrets["password"]`` and is
 compared in constant time (``hmac.compare_digest``). With no password on a non-local address the
 actions stay disabled, and the page says how to set one. The name typed at sign-in is recorded as
-the owner (``created_by``) of what that session launches; it is kept in
+the owner (``created_by``, suffixed " (password)": a claim, see ``runs.authz``) of what that session launches; it is kept in
 ``st.session_state["wb_user"]``.
 
 Roles (``workbench.runs.authz``): the app acts through the run service as a ``Principal`` built
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from workbench.home import workbench_home
-from workbench.runs.authz import LOCAL_AUTH, Principal, local_user_name, refusal
+from workbench.runs.authz import LOCAL_AUTH, PASSWORD_AUTH, Principal, local_user_name, refusal
 from workbench.runs.settings import SettingsError, load_settings
 from workbench.ui.signin_limits import (
     GLOBAL_KEY,
@@ -58,7 +58,7 @@ signin_clock = time.time
 
 PASSWORD_ENV = "WORKBENCH_PASSWORD"
 ADMIN_PASSWORD_ENV = "WORKBENCH_ADMIN_PASSWORD"
-PASSWORD_AUTH, NO_AUTH = "shared password", "not signed in"
+NO_AUTH = "not signed in"
 ROLE_KEY = "wb_role"
 ANONYMOUS = "anonymous"
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
