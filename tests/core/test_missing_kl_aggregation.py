@@ -171,3 +171,14 @@ def test_adaptive_kl_equals_verl_exactly():
 def test_adaptive_kl_refuses_degenerate_settings(kwargs):
     with pytest.raises(ValueError, match=next(iter(k for k, v in kwargs.items() if not v > 0))):
         adaptive_kl_coef(0.1, 0.1, 1, **kwargs)
+
+
+def test_adaptive_kl_coef_never_turns_negative_and_refuses_a_non_finite_kl():
+    from workbench.core.kl import adaptive_kl_coef
+
+    # verl: 0.1 * (1 + (-0.2) * 100 / 10) = -0.1, a reward for drifting; here the floor is 0
+    assert adaptive_kl_coef(0.1, 0.0, 100, target_kl=0.1, horizon=10) == 0.0
+    assert adaptive_kl_coef(0.1, 0.0, 1, target_kl=0.1, horizon=10) == 0.1 * (1.0 + (-0.2) * 1 / 10)  # verl's, above the floor
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="current_kl=.* is not finite"):
+            adaptive_kl_coef(0.1, bad, 1, target_kl=0.1, horizon=10)

@@ -45,38 +45,25 @@ def ours(name, logp, old, adv, mask, agg, **cfg):
     return loss.detach(), logp.grad
 
 
-# ---- LUSPO -----------------------------------------------------------------------------------
-
-
-def test_luspo_hand_values_scale_the_gspo_loss_by_the_length():
-    # row 0: log ratios 0.05, 0.15 -> log s = 0.1, s = 1.1051709181, A = +1, inside 1 + 0.2:
-    #        loss_t = -n s A = -2 * 1.1051709181 = -2.2103418362 on each token. The gradient of the
-    #        summed values: d (sum_t loss_t) / d logp_t = d (-n^2 s A) / d logp_t = -n s A = -2.2103418362
-    # row 1: log ratio -0.1 (one token, one pad): s = 0.9048374180, A = -1: loss = +0.9048374180, grad = -n s A
-    # row 2: log ratios 0.3, 0.3 -> s = e^0.3 = 1.3498588076 > 1.2 with A = +1: clipped, loss = -2 * 1.2 A, grad 0
-    loss, grad, diag = run("luspo", [[0.05, 0.15], [-0.1, 0.0], [0.3, 0.3]], [[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0]],
-                           mask=m([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]]))
-    assert_values(loss, [[-2.2103418362, -2.2103418362], [0.9048374180, 0.0], [-2.4, -2.4]], atol=1e-10)
-    assert_values(grad, [[-2.2103418362, -2.2103418362], [0.9048374180, 0.0], [0.0, 0.0]], atol=1e-10)
-    assert [REGION_NAMES[c] for c in diag.region[2].tolist()] == ["clipped_high", "clipped_high"]
-    # seq-mean-token-mean: ((-2.2103418362) + 0.9048374180 + (-2.4)) / 3 = -1.2351681394 = TRL's mean_i sum_t
-    assert aggregate_loss("seq-mean-token-mean", loss, torch.tensor([[1.0, 1], [1, 0], [1, 1]], dtype=torch.float64)
-                          ).item() == pytest.approx(-1.2351681394, abs=1e-10)
+# ---- LUSPO: GSPO's sequence ratio with the seq-mean-token-sum aggregation ----------------------
 
 
 def test_luspo_token_gradient_does_not_shrink_with_length():
-    # aggregated by seq-mean-token-mean over B = 1: GSPO's d loss / d logp_t = -A s / n shrinks with
-    # the length n; LUSPO's is -A s (= -1.5 on-policy) for every length
+    # B = 1, on-policy: GSPO's d loss / d logp_t = -A s / n under seq-mean-token-mean shrinks with the
+    # length n; under seq-mean-token-sum (LUSPO) it is -A s = -1.5 for every length
     for n in (1, 3, 8):
         lp = torch.zeros(1, n, dtype=torch.float64)
         adv, mask = torch.full((1, n), 1.5, dtype=torch.float64), torch.ones(1, n, dtype=torch.float64)
-        assert_values(ours("luspo", lp, lp, adv, mask, "seq-mean-token-mean")[1], [[-1.5] * n], atol=1e-12)
+        assert_values(ours("gspo", lp, lp, adv, mask, "seq-mean-token-sum")[1], [[-1.5] * n], atol=1e-12)
         assert_values(ours("gspo", lp, lp, adv, mask, "seq-mean-token-mean")[1], [[-1.5 / n] * n], atol=1e-12)
 
 
-def trl_luspo(per_token_logps, old_per_token_logps, advantages, mask, epsilon_low, epsilon_high, delta=None):
+def trl_luspo(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, mask, epsilon_low, epsilon_high,
+              beta, delta=None):
     # TRL 1.16.0 trl/trainer/grpo_trainer.py, _compute_loss, importance_sampling_level == "sequence",
-    # loss_type == "luspo" (coef_1 / coef_2 / per_token_loss, then the luspo aggregation):
+    # loss_type == "luspo": coef_1 / coef_2 / per_token_loss, + beta * per_token_kl, then
+    # (per_token_loss * mask).sum(-1).mean()
+    per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
     log_ratio = per_token_logps - old_per_token_logps
     log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     log_importance_weights = log_importance_weights.unsqueeze(-1)
@@ -87,20 +74,30 @@ def trl_luspo(per_token_logps, old_per_token_logps, advantages, mask, epsilon_lo
     per_token_loss1 = coef_1 * advantages
     per_token_loss2 = coef_2 * advantages
     per_token_loss = -torch.min(per_token_loss1, per_token_loss2)
+    if beta != 0.0:
+        per_token_loss = per_token_loss + beta * per_token_kl
     return (per_token_loss * mask).sum(-1).mean()
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("token_adv", [False, True])
-@pytest.mark.parametrize("eps,delta", [((0.2, 0.28), None), ((0.03, 0.04), None), ((0.2, 0.2), 1.5)])
-def test_luspo_equals_trl(seed, token_adv, eps, delta):
+@pytest.mark.parametrize("eps,delta,beta", [((0.2, 0.28), None, 0.0), ((0.03, 0.04), None, 0.5), ((0.2, 0.2), 1.5, 0.04)])
+def test_luspo_is_gspo_with_seq_mean_token_sum_and_equals_trl_with_its_kl(seed, token_adv, eps, delta, beta):
+    """The whole objective (policy term and in-loss k3 KL) of gspo + seq-mean-token-sum is TRL's luspo."""
+    from workbench.core import ObjectiveConfig, policy_objective
+
     logp, old, adv, mask = random_batch(seed, token_adv=token_adv)
-    loss, grad = ours("luspo", logp, old, adv, mask, "seq-mean-token-mean", eps_low=eps[0], eps_high=eps[1], delta=delta)
-    ref_logp = logp.clone().requires_grad_(True)
-    ref = trl_luspo(ref_logp, old, adv, mask, eps[0], eps[1], delta)
-    ref.backward()
-    torch.testing.assert_close(loss, ref.detach(), **TIGHT)
-    torch.testing.assert_close(grad, ref_logp.grad, **TIGHT)
+    ref = old + torch.randn(old.shape, generator=torch.Generator().manual_seed(50 + seed), dtype=torch.float64) * 0.2
+    cfg = ObjectiveConfig(policy_loss="gspo", loss=PolicyLossConfig(eps_low=eps[0], eps_high=eps[1], delta=delta),
+                          aggregation="seq-mean-token-sum", kl_estimator="k3", kl_coef=beta)
+    lp = logp.clone().requires_grad_(True)
+    loss = policy_objective(lp, old, adv, mask, mask, cfg, ref_logp=ref if beta else None, num_seqs=mask.shape[0]).loss
+    loss.backward()
+    ref_lp = logp.clone().requires_grad_(True)
+    expected = trl_luspo(ref_lp, old, ref, adv, mask, eps[0], eps[1], beta, delta)
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach(), **TIGHT)
+    torch.testing.assert_close(lp.grad, ref_lp.grad, **TIGHT)
 
 
 # ---- VESPO -----------------------------------------------------------------------------------
@@ -123,7 +120,7 @@ def test_vespo_hand_values():
 
 def test_vespo_weight_is_one_on_policy_and_peaks_at_k_over_lambda():
     # phi(1) = e^(lambda + 0 - lambda) = 1 whatever (k, lambda): on-policy the gradient is -A
-    for k, lam in ((2.0, 3.0), (0.5, 7.0)):
+    for k, lam in ((2.0, 3.0), (0.5, 2.0)):
         _, grad, _ = run("vespo", [[0.0, 0.0]], [[1.5, 1.5]], vespo_k_pos=k, vespo_lambda_pos=lam)
         assert_values(grad, [[-1.5, -1.5]], atol=1e-12)
     # d log phi / d w = k / w - lambda = 0 at w = k / lambda: phi is largest there
@@ -179,16 +176,20 @@ def test_vespo_equals_trl(seed, token_adv, knobs):
     torch.testing.assert_close(grad, ref_logp.grad, **TIGHT)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_vespo_weights_with_rollout_is_equal_trl(seed):
-    # TRL folds token IS ratios (padding = exp(0) = 1, masked ones 0) into w; ours are 0 on padding and masked out
-    logp, old, adv, mask = random_batch(seed)
-    g = torch.Generator().manual_seed(100 + seed)
-    is_ratio = torch.exp(torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.2)
-    is_ratio[1, 0] = 0.0  # an IcePop-masked token: log 0 -> log 1e-8
-    ref = trl_get_gamma_weights(adv, logp - old, mask, torch.where(mask > 0, is_ratio, torch.ones_like(is_ratio)))
-    got = vespo_gamma_weights(logp - old, adv, mask, PolicyLossConfig(), is_weights=is_ratio * mask)
-    torch.testing.assert_close(got, ref.expand_as(got), **TIGHT)
+def test_vespo_peak_is_bounded_for_every_knob_setting():
+    from workbench.core.choices import VESPO_MAX_PEAK, vespo_peak
+
+    assert vespo_peak(2.0, 3.0) == pytest.approx(math.exp(1 + 2 * math.log(2 / 3)))  # TRL's A >= 0 default: 1.21
+    for k, lam in ((0.0, 50.0), (25.0, 0.1)):  # e^50 as w -> 0; e^{0.1 - 25 + 25 log 250} at w = 250
+        assert vespo_peak(k, lam) > VESPO_MAX_PEAK
+        with pytest.raises(ValueError, match=f"vespo_k_pos={k}, vespo_lambda_pos={lam}: phi peaks at"):
+            PolicyLossConfig(vespo_k_pos=k, vespo_lambda_pos=lam)
+    # the largest weight any admitted setting gives, over a grid of sequence ratios, stays under the bound
+    log_w = torch.linspace(math.log(1e-8), 20.0, 2001, dtype=torch.float64)[None, :]
+    for k, lam in ((0.0, 2.3), (1.0, 1.0), (5.0, 4.0), (2.0, 3.0)):
+        cfg = PolicyLossConfig(vespo_k_pos=k, vespo_lambda_pos=lam)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        assert float(phi.max()) <= vespo_peak(k, lam) * (1 + 1e-12) <= VESPO_MAX_PEAK and cfg.vespo_k_pos == k
 
 
 # ---- DRO -------------------------------------------------------------------------------------

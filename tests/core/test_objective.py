@@ -44,6 +44,12 @@ def test_is_weights_scale_the_policy_term_and_keep_the_normalisers():
     plain, (_, _, _, mask, _) = loss()
     doubled, _ = loss(is_weights=2.0 * mask)
     assert doubled.loss.item() == pytest.approx(2 * plain.loss.item(), rel=1e-12)
+    # weights that vary by token: token-mean divides by the token count, not by the weights' sum
+    w = torch.tensor([[0.5, 1.0, 2.0], [3.0, 0.25, 9.0], [1.5, 7.0, 7.0], [0.0, 1.0, 4.0]], dtype=torch.float64) * mask
+    weighted, (logp, old, adv, _, _) = loss(is_weights=w)
+    pg, _ = compute_policy_loss("clip", logp, old, adv, mask, PolicyLossConfig())
+    assert weighted.loss.item() == pytest.approx(float((pg * w * mask).sum() / mask.sum()), rel=1e-12)
+    assert weighted.loss.item() != pytest.approx(float((pg * w * mask).sum() / (w * mask).sum()), rel=1e-6)
 
 
 def test_entropy_bonus_and_in_loss_kl_add_their_terms():
@@ -88,3 +94,14 @@ def test_opsm_drops_negative_sequences_the_policy_moved_away_from():
     # the normalisers stay the caller's: 9 tokens, not the 4 still in the loss
     pg, _ = compute_policy_loss("clip", logp, logp.detach() + 1.0, adv, obj.loss_mask, PolicyLossConfig())
     assert obj.loss.item() == pytest.approx(float((pg.detach() * obj.loss_mask).sum()) / 9, rel=1e-12)
+
+
+def test_settings_that_need_a_missing_input_are_refused_not_dropped():
+    from workbench.core import ObjectiveConfig, policy_objective
+
+    logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    mask, adv = torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"kl_coef=0.1 \(an in-loss KL\) needs the reference log-probs"):
+        policy_objective(logp, logp.detach(), adv, mask, mask, ObjectiveConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="top_entropy_quantile=0.5 needs the per-token entropy"):
+        policy_objective(logp, logp.detach(), adv, mask, mask, ObjectiveConfig(top_entropy_quantile=0.5))

@@ -491,7 +491,7 @@ def test_ppo_lab_draws_every_loss_flagged_with_a_ratio_curve(home):
     specs = FAMILIES["policy_loss"].specs
     flagged = [n for n, s in specs.items() if s.ratio_curve]
     assert list(at.multiselect(key="ppo_losses").options) == [specs[n].title for n in flagged]
-    assert set(flagged) == {"clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "gpg", "luspo", "dro"}
+    assert set(flagged) == {"clip", "gspo", "cispo", "reinforce", "sapo", "gmpo", "gpg", "dro"}
     at.multiselect(key="ppo_losses").set_value(["sapo"]).run()
     sapo = [t for t in chart(at, "ppo_analytic")["data"] if t["name"] == "SAPO"]
     x, grad = values(sapo[1]["x"]), values(sapo[1]["y"])  # A > 0, gradient column

@@ -21,8 +21,10 @@ SPECS: dict[str, Spec] = by_name(
                 "wrong answers are penalised less (Dr. GRPO, Liu et al. 2025).",), preset="grpo"),
     Spec("aggregation", "seq-mean-token-sum", "seq-mean-token-sum", f"{CORE}:seq_mean_token_sum",
          (r"L = \frac{1}{B} " + SUM,),
-         "Sums each completion's tokens, averages over completions: no per-length normalisation.",
-         "verl loss_agg_mode seq-mean-token-sum."),
+         "Sums each completion's tokens, averages over completions: no per-length normalisation. With GSPO's "
+         "sequence ratio it is LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261): a long "
+         "completion's tokens no longer count for less than a short one's.",
+         "verl loss_agg_mode seq-mean-token-sum; TRL loss_type='luspo' (with importance_sampling_level='sequence')."),
     Spec("aggregation", "seq-mean-token-sum-norm", "seq-mean-token-sum-norm (Dr. GRPO)", f"{CORE}:seq_mean_token_sum_norm",
          (r"L = \frac{1}{B\, L_{max}} " + SUM,),
          "Removes GRPO's length bias with a constant normaliser (Dr. GRPO, Liu et al. 2025).",

@@ -102,7 +102,8 @@ SPECS: dict[str, Spec] = by_name(
           r"\ell_i = -\min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_i\big)"),
          "The importance ratio at the level the reward is given (the sequence): one outlier token moves s_i only by "
          "1/|o_i| (Zheng et al. 2025).",
-         "TRL importance_sampling_level='sequence'; verl policy_loss gspo (gspo_variant token = GSPO-token).",
+         "TRL importance_sampling_level='sequence'; verl policy_loss gspo (gspo_variant token = GSPO-token). "
+         "TRL loss_type='luspo' (LUSPO, arXiv 2602.05261) is GSPO with aggregation seq-mean-token-sum.",
          (*TRUST_REGION, K["gspo_variant"]),
          ("Tiny clip ranges (3e-4 / 4e-4): s_i is a per-token geometric mean.",), preset="gspo", ratio_curve=True,
          inert_when=at_ratio_one(*CLIP_FIELDS, what="the clip never bites"),
@@ -188,16 +189,6 @@ SPECS: dict[str, Spec] = by_name(
          "baseline is a strong baseline (Chu et al. 2025).",
          "verl policy_loss gpg.", (),
          ("No trust region: keep mu = 1 (one pass per batch).",), preset="gpg", level="token", ratio_curve=True),
-    Spec("policy_loss", "luspo", "LUSPO", f"{CORE}:luspo_policy_loss",
-         (r"s_i = \exp\Big(\frac{1}{|o_i|}\sum_t \log\rho_{i,t}\Big)",
-          r"\ell_{i,t} = -|o_i|\,\min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_i\big)"),
-         "GSPO's per-sequence mean gives a long completion the same weight as a short one; scaling each sequence's "
-         "loss by its length removes that length bias (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261).",
-         "TRL loss_type='luspo' (with importance_sampling_level='sequence'); not in verl 0.9.1.",
-         (*TRUST_REGION, K["gspo_variant"]),
-         ("Always a sequence ratio, as GSPO: TRL warns unless importance_sampling_level='sequence'.",
-          "With seq-mean-token-mean it equals TRL's (l m).sum(-1).mean(): mean_i |o_i| l_i."),
-         ratio_curve=True, inert_when=at_ratio_one(*CLIP_FIELDS, what="the clip never bites")),
     Spec("policy_loss", "vespo", "VESPO", f"{CORE}:vespo_policy_loss",
          (r"w_i = \prod_t \rho_{i,t},\qquad \phi(w) = e^{\lambda}\, w^{k} e^{-\lambda w}\quad"
           r"(k, \lambda) = (k_+, \lambda_+) \text{ if } A \ge 0 \text{ else } (k_-, \lambda_-)",
@@ -211,6 +202,7 @@ SPECS: dict[str, Spec] = by_name(
          ("w is the product of the token ratios, clamped to [1e-8, e^20]; phi is detached.",
           "TRL folds token-level rollout IS weights into w and refuses sequence-level ones; here the IS weight "
           "multiplies the loss as for every loss.",
+          "The peak of phi (at w = k / lambda) is at most 10: TRL's defaults peak at 1.21 (A >= 0) and 1.24 (A < 0).",
           "TRL aggregates it by token-mean."), level="token",
          inert_when=at_ratio_one(*(k.field for k in VESPO_KNOBS), what="w = 1 and phi(1) = 1 whatever k and lambda")),
     Spec("policy_loss", "dro", "DRO", f"{CORE}:dro_policy_loss",

@@ -9,6 +9,7 @@ registered function + its spec + a recipe file + its tests; nothing here changes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from workbench.algorithms import (  # noqa: F401 (re-exported: the core and the recipe read them here)
@@ -61,6 +62,17 @@ REJECTION_MODES: tuple[str, ...] = (
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 
+#: VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) multiplies a sequence's policy gradient; its
+#: peak (at w = k / lambda) is bounded so that no knob setting turns it into a huge factor
+#: (k = 0, lambda = 50 would give e^50 as w -> 0).
+VESPO_MAX_PEAK = 10.0
+
+
+def vespo_peak(k: float, lam: float) -> float:
+    """sup_w phi(w) = exp(lambda - k + k log(k / lambda)) for k > 0, e^lambda (as w -> 0) for k = 0."""
+    return math.exp(lam if k == 0 else lam - k + k * math.log(k / lam))
+
+
 @dataclass(frozen=True)
 class PolicyLossConfig:
     """Settings of the policy losses (each loss reads the ones it needs).
@@ -101,7 +113,6 @@ class PolicyLossConfig:
         as w drops below 1, lambda (> 0) how fast it falls as w grows above 1; phi(1) = 1.
     dro_beta: DRO's quadratic log-ratio penalty, > 0 (verl ``policy_loss.dro_beta``: null in its
         config and required by "dro"; 0.05 is the value of verl's usage example, PR #7245).
-    For ``luspo`` eps_low / eps_high clip the sequence ratio as for ``gspo``.
     For ``gmpo`` eps_low / eps_high bound the token *log*-ratio (GMPO paper: 0.4); for
     ``dppo_tv`` / ``dppo_kl`` they are the divergence thresholds (DPPO: TV 0.15, KL 0.05) and
     clip_c truncates the detached ratio (unset: DPPO_TIS_CAP = 3, verl's clip_ratio_c).
@@ -149,10 +160,16 @@ class PolicyLossConfig:
             raise ValueError(f"kl_cov_coef={self.kl_cov_coef} must be >= 0")
         for name in ("vespo_k_pos", "vespo_k_neg"):
             if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (phi = w^k e^(lambda (1 - w)) would grow without bound as w -> 0)")
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (with k < 0, phi = e^lambda w^k e^(-lambda w) "
+                                 "grows without bound as w -> 0)")
         for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        for sign in ("pos", "neg"):  # phi's height: the largest factor the weight can put on a sequence
+            k, lam = getattr(self, f"vespo_k_{sign}"), getattr(self, f"vespo_lambda_{sign}")
+            if vespo_peak(k, lam) > VESPO_MAX_PEAK:
+                raise ValueError(f"vespo_k_{sign}={k}, vespo_lambda_{sign}={lam}: phi peaks at {vespo_peak(k, lam):.3g} "
+                                 f"(w = k / lambda); at most {VESPO_MAX_PEAK} (TRL's 2 / 3 and 3 / 2 peak at 1.21 and 1.24)")
         if not self.dro_beta > 0:
             raise ValueError(f"dro_beta={self.dro_beta} must be > 0")
 

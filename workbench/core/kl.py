@@ -26,6 +26,8 @@ Placements:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .choices import KL_PLACEMENTS  # noqa: F401 (no torch)
@@ -117,5 +119,9 @@ def adaptive_kl_coef(value: float, current_kl: float, n_steps: int, *, target_kl
         raise ValueError(f"target_kl={target_kl} must be > 0")
     if not horizon > 0:
         raise ValueError(f"horizon={horizon} must be > 0")
+    if not math.isfinite(current_kl):
+        raise ValueError(f"current_kl={current_kl} is not finite: the coefficient would stay {current_kl} for good")
     error = min(max(current_kl / target_kl - 1.0, -ADAPTIVE_KL_ERROR_CLIP), ADAPTIVE_KL_ERROR_CLIP)
-    return value * (1.0 + error * n_steps / horizon)
+    # verl multiplies without a floor: with n_steps / horizon >= 5 a KL below target makes beta
+    # negative (a reward for drifting away); beta stays >= 0 here.
+    return value * max(0.0, 1.0 + error * n_steps / horizon)

@@ -16,7 +16,10 @@ function, named beside it):
 
 The normalisers stay those of the caller's (truncation) loss mask, as TRL and verl count them:
 OPSM, the off-policy mask, IS weights and top-entropy tokens narrow or weigh the loss without
-changing its denominator. The KL and entropy terms are aggregated over the same mask m.
+changing its denominator. The KL and entropy terms are aggregated over the same mask m. TRL
+multiplies only the policy term by its off-policy mask and keeps the KL on the dropped sequences'
+tokens, so with off_policy_mask_threshold (or OPSM) and an in-loss KL the two differ on those
+tokens (not changed here: the runs' numbers would move).
 """
 
 from __future__ import annotations
@@ -133,6 +136,10 @@ def policy_objective(
     reference's (in-loss KL when cfg.kl_coef != 0). is_weights (B, T): rollout-correction weights.
     top_entropy: the kept-token rule (default: high_entropy_mask over these tokens).
     """
+    if cfg.top_entropy_quantile < 1.0 and entropy is None:
+        raise ValueError(f"top_entropy_quantile={cfg.top_entropy_quantile} needs the per-token entropy: pass entropy=")
+    if cfg.kl_coef != 0.0 and ref_logp is None:
+        raise ValueError(f"kl_coef={cfg.kl_coef} (an in-loss KL) needs the reference log-probs: pass ref_logp=")
     m = loss_mask
     if cfg.opsm_delta is not None:
         m = opsm_mask(logp, old_logp, advantages, m, cfg.opsm_delta)
@@ -147,7 +154,7 @@ def policy_objective(
         rule = top_entropy or (lambda h, mask: high_entropy_mask(h.detach(), mask, cfg.top_entropy_quantile))
         kept = rule(entropy, loss_mask)
         pg = pg * kept
-    kl = kl_per_token(cfg.kl_estimator, logp, ref_logp, completion_mask) if (cfg.kl_coef != 0.0 and ref_logp is not None) else None
+    kl = kl_per_token(cfg.kl_estimator, logp, ref_logp, completion_mask) if cfg.kl_coef != 0.0 else None
     objective = token_objective(pg, kl=kl, kl_coef=cfg.kl_coef if kl is not None else 0.0,
                                 entropy=entropy, entropy_coef=entropy_coef)
     if num_tokens is None or num_seqs is None:

@@ -485,25 +485,6 @@ def gpg_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
     return reinforce_policy_loss(logp, old_logp, advantages, mask, replace(cfg, reinforce_form="logp"))
 
 
-@POLICY_LOSSES.register("luspo")
-def luspo_policy_loss(logp, old_logp, advantages, mask, cfg: PolicyLossConfig):
-    """LUSPO, Length-Unbiased Sequence Policy Optimization (arXiv 2602.05261; TRL 1.16
-    ``loss_type="luspo"``): GSPO's clipped objective on the sequence ratio s_i, with each
-    sequence's loss scaled by its length n_i, so that a long sequence is not worth less than a
-    short one (GSPO's per-sequence mean gives each sequence the same weight whatever its length):
-
-        loss_it = -n_i min(s_i A_it, clip(s_i, 1 - eps_low, 1 + eps_high) A_it)   on valid tokens
-
-    Aggregated with ``seq-mean-token-mean`` this is TRL's (l m).sum(-1).mean() = mean_i n_i l_i
-    exactly (when every row has a valid token, or num_seqs = B is passed). The ratio is always a
-    sequence ratio (TRL warns unless importance_sampling_level="sequence"); ``gspo_variant`` and
-    the clamp of log s_i at GSPO_LOG_RATIO_MAX apply as for ``gspo`` (TRL does not clamp: the two
-    agree for log s_i <= 10). Diagnostics are GSPO's (clip fractions of sequences).
-    """
-    loss, diag = gspo_policy_loss(logp, old_logp, advantages, mask, cfg)
-    return loss * mask.sum(dim=1, keepdim=True).to(loss.dtype), diag
-
-
 # VESPO's log w is clamped to [log 1e-8, 20] as TRL 1.16's get_gamma_weights does (its lower
 # bound "for matching truthfully the original implementation"), and lambda from below at 1e-4.
 VESPO_LOG_W_MIN = math.log(1e-8)
@@ -511,26 +492,21 @@ VESPO_LOG_W_MAX = 20.0
 VESPO_LAMBDA_MIN = 1e-4
 
 
-def vespo_gamma_weights(log_ratio, advantages, mask, cfg: PolicyLossConfig, is_weights=None) -> torch.Tensor:
+def vespo_gamma_weights(log_ratio, advantages, mask, cfg: PolicyLossConfig) -> torch.Tensor:
     """VESPO's detached weight phi (B, T): the Gamma-shaped function of the sequence ratio
 
-        log w_i = clamp( sum_t clamp(l_it, +-20) m_it [+ sum_t clamp(log is_it, log 1e-8, 20) m_it],
-                         log 1e-8, 20 )
+        log w_i = clamp( sum_t clamp(l_it, +-20) m_it, log 1e-8, 20 )
         phi     = exp( lambda + k log w - lambda w ),   (k, lambda) = (k_pos, lambda_pos) if A >= 0
                                                           else (k_neg, lambda_neg)
 
     l = logp - old_logp (B, T); w is the *product* of the token ratios (not GSPO's geometric
-    mean). phi(1) = 1 and phi peaks at w = k / lambda. ``is_weights`` (B, T), the token-level
-    rollout IS weights pi_old / pi_rollout, fold into w instead of multiplying the loss (TRL
-    applies no other IS factor to vespo); a weight of 0 (masked IS) gives log 1e-8. TRL sums the
-    IS logs over all positions, where padding holds weight 1 (log 0); here padding is masked,
-    since ``rollout_correction`` writes 0 there. Non-finite phi becomes 0, as in TRL.
+    mean). phi(1) = 1 and phi peaks at w = k / lambda (its height is bounded by PolicyLossConfig:
+    VESPO_MAX_PEAK). TRL also folds token-level rollout IS weights into w; here the rollout
+    correction multiplies the loss, as for every loss (the spec says so). Non-finite phi becomes
+    0, as in TRL.
     """
     log_ratio = log_ratio.detach()
     seq = masked_sum(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), mask, dim=1)[:, None]
-    if is_weights is not None:
-        log_is = torch.log(is_weights.detach().to(log_ratio.dtype)).clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)
-        seq = seq + masked_sum(log_is, mask, dim=1)[:, None]
     log_w = seq.clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)
     nonneg = advantages >= 0
 
