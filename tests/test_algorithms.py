@@ -59,11 +59,20 @@ def test_the_schema_and_every_preset_dump_as_before_the_specs():
     """The recipe's algorithm fields (order, types, defaults, bounds, help), its JSON schema and every
     preset's YAML are what 3c55296 (before the generated fields) produced, byte for byte, plus the
     fields added since: the five knobs of vespo and dro (checked, when they were added, to change
-    nothing else). A deliberate new field: regenerate the snapshot and review its diff."""
+    nothing else), and the help of the four name fields, now written from the specs. A deliberate
+    new field: regenerate the snapshot and review its diff."""
     expected = json.loads(SNAPSHOT.read_text())
     assert _field_table() == expected["algorithm_fields"]
     assert json.loads(json.dumps(Algorithm.model_json_schema())) == expected["algorithm_schema"]
     assert {n: load_recipe(n).to_yaml() for n in preset_names()} == expected["presets"]
+
+
+def test_the_help_of_each_name_field_lists_every_spec_of_its_family():
+    for family in ("advantage", "policy_loss", "aggregation", "kl_estimator"):
+        help_text = Algorithm.model_fields[family].description
+        assert all(f"{name} (" in help_text or f"{name}," in help_text or f"{name}." in help_text
+                   for name in FAMILIES[family].specs), family
+    assert "gae (GAE (PPO); needs a critic)" in Algorithm.model_fields["advantage"].description
 
 
 def test_specs_choices_and_recipe_validation_load_no_torch():
@@ -78,10 +87,6 @@ def test_specs_choices_and_recipe_validation_load_no_torch():
 
 def test_capability_checks_read_the_specs():
     for name, s in FAMILIES["advantage"].specs.items():
-        if s.launch_note:  # explained, not trainable yet: refused with the spec's reason
-            with pytest.raises(ValueError, match="cannot be trained yet"):
-                load_recipe("grpo", [f"algorithm.advantage={name}"])
-            continue
         critic = ["algorithm.critic=true"] if s.needs_critic else []
         extra = ["algorithm.multi_objective_aggregation=sum_then_normalize"]
         recipe = load_recipe("grpo", [f"algorithm.advantage={name}", *critic, *extra])
@@ -136,8 +141,6 @@ def test_inert_knob_reasons():
     assert got["algorithm.kl_estimator"] == "algorithm.kl_coef=0: no KL term, no reference model"
     assert "algorithm.kl_estimator" not in inert(algorithm__kl_coef=0.04)
     for name, s in FAMILIES["advantage"].specs.items():  # gamma / lam only for the token-level estimators that read them
-        if s.launch_note:  # not trainable yet: the schema refuses it
-            continue
         critic = {"algorithm__critic": True} if s.needs_critic else {}
         got = inert(algorithm__advantage=name, **critic)
         assert ("algorithm.gamma" in got) == ("algorithm.gamma" not in s.knob_fields), name
@@ -146,6 +149,13 @@ def test_inert_knob_reasons():
         assert ("algorithm.vf_coef" in got) == (not s.needs_critic), name
     assert "algorithm.adv_eps" in inert(algorithm__grpo_scale="none") and "algorithm.adv_eps" not in inert()
     assert set(inert(algorithm__policy_loss="cispo")) >= {"algorithm.eps_low", "algorithm.eps_high"}
+    # absolute bounds have no lower one: eps_low is inert at any mu, and really changes nothing off-policy
+    absolute = inert(algorithm__policy_loss="cispo", algorithm__cispo_bounds="absolute", train__mu=2)
+    assert absolute["algorithm.eps_low"] == "algorithm.cispo_bounds='absolute': the weight has no lower bound"
+    assert "algorithm.eps_low" not in inert(algorithm__policy_loss="cispo", train__mu=2)
+    base = _loss_and_grad("cispo", {"cispo_bounds": "absolute", "eps_high": 5.0}, -0.7)
+    other = _loss_and_grad("cispo", {"cispo_bounds": "absolute", "eps_high": 5.0, "eps_low": 0.9}, -0.7)
+    assert base[0] == other[0] and base[1].equal(other[1])
     assert "algorithm.eps_high" not in inert(algorithm__policy_loss="cispo", algorithm__cispo_bounds="absolute",
                                              algorithm__eps_high=0.5)
     assert "teacher.mode" not in inert(teacher__model="tiny-teacher")

@@ -34,7 +34,7 @@ def test_every_recipe_field_has_a_widget_with_its_docstring_as_help(home):
     eps_low = at.text_input(key="rf:algorithm.eps_low")
     assert eps_low.value == "0.2"
     assert eps_low.help == Algorithm.model_fields["eps_low"].description
-    assert at.selectbox(key="rf:algorithm.aggregation").help.startswith("Loss aggregation: token-mean (DAPO)")
+    assert at.selectbox(key="rf:algorithm.aggregation").help == Algorithm.model_fields["aggregation"].description
 
 
 def test_choosing_a_preset_fills_the_fields(home):

@@ -23,7 +23,7 @@ from .shapings import DISTILL_MODES
 from .spec import MAX_COEF, MAX_SEED, InertRule, Knob, RecipeData, Spec, Walkthrough, setting
 
 __all__ = ["CISPO_BOUNDS", "DISTILL_MODES", "FAMILIES", "GPG_ALPHAS", "GRPO_SCALES", "GSPO_VARIANTS", "KL_PLACEMENTS",
-           "MAX_COEF", "MAX_SEED", "REINFORCE_FORMS", "Family", "Knob", "Spec", "Walkthrough", "inert_knobs",
+           "MAX_COEF", "MAX_SEED", "REINFORCE_FORMS", "Family", "Knob", "Spec", "Walkthrough", "choice_help", "inert_knobs",
            "names", "resolve", "spec", "walkthroughs", "with_capability"]
 
 
@@ -91,6 +91,21 @@ def with_capability(family: str, **wanted: Any) -> frozenset[str]:
     """Names of ``family`` whose specs have every attribute in ``wanted`` (needs_critic=True, level='token')."""
     return frozenset(n for n, s in FAMILIES[family].specs.items()
                      if all(getattr(s, attr) == value for attr, value in wanted.items()))
+
+
+def choice_help(family: str, lead: str) -> str:
+    """The help text of the recipe field naming a member of ``family``: ``lead``, then every
+    registered name with its spec's title and what it needs ("gae (GAE (PPO); needs a critic)")."""
+    needs = (("needs_critic", "needs a critic"), ("needs_baseline_rollout", "needs a greedy baseline rollout"),
+             ("needs_groups", "needs G >= 2"))
+    def one(s: Spec) -> str:
+        wants = "; ".join(text for attr, text in needs if getattr(s, attr))
+        label = "" if s.title.lower() == s.name.lower() else s.title
+        if s.title.startswith(s.name):  # "k1+ (straight-through)" -> "straight-through"
+            label = s.title[len(s.name):].strip(" ()")
+        inside = "; ".join(x for x in (label, wants) if x)
+        return f"{s.name} ({inside})" if inside else s.name
+    return f"{lead}: " + ", ".join(one(s) for s in FAMILIES[family].specs.values()) + "."
 
 
 def walkthroughs() -> dict[str, tuple[Spec, Walkthrough]]:

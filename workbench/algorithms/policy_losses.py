@@ -73,16 +73,18 @@ DPPO_AT_RATIO_ONE = at_ratio_one(*(k.field for k in DPPO_KNOBS), what="no probab
 
 
 def _cispo_at_ratio_one(data: RecipeData) -> dict[str, str]:
-    """CISPO's weight clip(1) = 1 with relative bounds; the absolute cap min(1, eps_high) bites below 1."""
+    """CISPO's weight clip(1) = 1 with relative bounds; the absolute cap min(rho, eps_high) has no
+    lower bound at all (eps_low is never read) and bites at ratio 1 only when eps_high < 1."""
+    absolute = setting(data, "algorithm.cispo_bounds") == "absolute"
+    out = {"algorithm.eps_low": "algorithm.cispo_bounds='absolute': the weight has no lower bound"} if absolute else {}
     reason = single_pass(data)
     if reason is None:
-        return {}
-    if setting(data, "algorithm.cispo_bounds") == "relative":
+        return out
+    if not absolute:
         return dict.fromkeys(("algorithm.eps_low", "algorithm.eps_high"), f"{reason}, so the weight is never clipped")
     if setting(data, "algorithm.eps_high") >= 1:
-        return {"algorithm.eps_high": f"{reason}, and the absolute cap eps_high >= 1 never bites"}
-    return {}
-
+        out["algorithm.eps_high"] = f"{reason}, and the absolute cap eps_high >= 1 never bites"
+    return out
 
 
 SPECS: dict[str, Spec] = by_name(

@@ -115,7 +115,6 @@ class Spec:
     knobs: tuple[Knob, ...] = ()
     notes: tuple[str, ...] = ()  # known biases and caveats
     preset: str | None = None  # the recipes/ preset that trains with it, if any
-    launch_note: str | None = None  # why no run can be launched with it yet (None: launchable)
     level: str = "sequence"
     needs_groups: bool = False
     needs_critic: bool = False

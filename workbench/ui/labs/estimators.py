@@ -366,9 +366,6 @@ EXAMPLES: dict[str, Callable[..., list[str]]] = {
 
 def _launch_component(family: str, name: str, e: Spec, knobs: dict[str, Any], overrides: list[str]) -> None:
     st.subheader("Try it")
-    if e.launch_note:
-        st.caption(e.launch_note)
-        return
     axis = family if family != "shaping" else "teacher"
     base = e.preset or "grpo"
     chosen = [f"algorithm.{axis}={name}"] if family != "shaping" else []  # the preset carries its teacher
