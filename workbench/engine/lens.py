@@ -43,7 +43,10 @@ estimator is shaped: one more estimator's worth of cost instead of doubling it, 
 teacher.mode=only every shaped estimator would give the same row anyway.
 
 Left out on purpose: the value loss (the lens compares policy gradients; the critic has its own
-parameters). Identity the tests check: RLOO = G/(G-1) * Dr. GRPO, so their gradients have cosine 1.
+parameters). Identity the tests check: RLOO = G/(G-1) * Dr. GRPO, so their gradients have cosine 1
+when the run has no in-loss KL and no entropy bonus; those terms do not scale with the
+advantages, so with them the two rows agree exactly only where their gradients vanish (the k2 /
+k3 KL at step 0, where the policy is the reference) and approximately elsewhere.
 
 Cost: two forwards and 2K backward passes (K = estimators x losses) per lens step; measured by
 ``bench/lens_bench.py``. Memory: a few parameter-sized vectors (theta_before/after, the update, g_run).

@@ -50,5 +50,7 @@ def render() -> None:
     steps = sorted(frame["step"].unique())
     step = st.select_slider("Step for the grid", steps, value=steps[-1], key="lens_step")
     st.plotly_chart(viz.lens_heatmap(frame, int(step), metric, point), key="lens_heatmap")
-    st.caption("RLOO = G/(G-1) x Dr. GRPO: their rows always agree in direction (cosine 1). At 'before' the ratio is 1, "
-               "so every policy loss gives the same gradient; the policy losses part ways once the ratio has moved.")
+    st.caption("Every row is the run's whole objective with its estimator and loss swapped in. RLOO = G/(G-1) x "
+               "Dr. GRPO, so their rows agree in direction (cosine 1) when the run has no in-loss KL and no entropy "
+               "bonus; those terms do not scale with the advantages. At 'before' the ratio is 1, so every policy loss "
+               "gives the same gradient; the policy losses part ways once the ratio has moved.")
