@@ -242,7 +242,8 @@ def _srun_task(text: str) -> str:
 
 
 def test_export_command_sbatch_uses_settings_defaults(capsys, fresh_home):
-    from workbench.runs import Settings, SlurmDefaults, save_settings
+    from workbench.runs import Settings, SlurmDefaults
+    from workbench.runs.settings import save_settings  # unauthorised: tests set up homes with it
 
     # no settings file: SlurmOptions' defaults, and no live partition / account line
     code, out, _ = run_export(["grpo", "--to", "sbatch"], capsys)

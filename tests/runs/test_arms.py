@@ -20,7 +20,8 @@ from tests.runs.test_store import OLDEST_RUNS_TABLE
 from tests.test_cli import assert_one_line_error, cli, leftovers
 from workbench.analysis import final_window_values, pairwise
 from workbench.runs import (MAX_RUNS_PER_LAUNCH, RunError, RunStore, Settings, cancel, parse_sweep, plan_runs,
-                            quickstart_plan, save_settings)
+                            quickstart_plan)
+from workbench.runs.settings import save_settings
 from workbench.runs.launchers.local import _start_time
 from workbench.runs.authz import local_principal
 

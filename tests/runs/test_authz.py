@@ -14,7 +14,8 @@ from tests.test_cli import cli
 from workbench.recipe import load_recipe
 from workbench.runs import (PermissionDenied, Principal, RunStore, Settings, cancel, delete, edit_run, launch,
                             launch_group, launch_planned, load_settings, local_principal, plan_runs, resume,
-                            save_settings, update_settings)
+                            update_settings)
+from workbench.runs.settings import save_settings
 from workbench.runs.authz import ACTIONS, RULES, refusal
 
 ALICE = Principal("alice", "member", "test")  # owns the seeded runs
@@ -182,3 +183,23 @@ def test_a_password_member_cannot_claim_the_runs_of_a_verified_name(fresh_home, 
     assert impostor.owner == f"{local_user_name()} (password)" and local_principal().owner == local_user_name()
     _seed(store, fresh_home, "pw-run", status, owner=impostor.owner)
     assert refusal(impostor, action, store.get_run("pw-run")) is None  # their own launches stay theirs
+
+
+def test_the_pages_reach_no_unauthorised_writer():
+    """The app's pages act through the service only: no page imports the unauthorised settings
+    writer or calls a store method that writes (the service authorises, then calls those)."""
+    import re
+
+    import workbench.runs as wr
+    from workbench.runs.store import RunStore as Store
+
+    assert "save_settings" not in wr.__all__ and not hasattr(wr, "save_settings")
+    writers = ("create_run", "create_runs", "update_run", "set_status", "delete", "reopen", "rename", "set_tags",
+               "set_notes", "ingest", "claim_queued", "cancel_queued")
+    writers = [w for w in writers if hasattr(Store, w)]
+    ui = Path(__file__).resolve().parents[2] / "workbench" / "ui"
+    for page in ui.rglob("*.py"):
+        text = page.read_text()
+        assert "save_settings" not in text, page
+        calls = re.findall(r"store\(\)\.(\w+)\(|\bstore\.(\w+)\(", text)
+        assert not {a or b for a, b in calls} & set(writers), page

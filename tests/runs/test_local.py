@@ -18,7 +18,8 @@ import pytest
 from tests.helpers import live_processes
 from workbench.engine.events import read_events
 from workbench.recipe import load_recipe
-from workbench.runs import TERMINAL_STATUSES, LaunchError, RunStore, Settings, cancel, launch, save_settings, sync, wait
+from workbench.runs import TERMINAL_STATUSES, LaunchError, RunStore, Settings, cancel, launch, sync, wait
+from workbench.runs.settings import save_settings  # unauthorised: tests set up homes with it
 from workbench.runs.authz import Principal, local_principal
 
 QUICK = ["train.steps=4", "logging.samples_per_step=2", "logging.diagnostics_sequences=4"]

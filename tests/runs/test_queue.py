@@ -10,7 +10,8 @@ from pathlib import Path
 from tests.helpers import live_processes
 from workbench.engine.events import read_events
 from workbench.recipe import load_recipe
-from workbench.runs import TERMINAL_STATUSES, RunStore, Settings, cancel, launch, save_settings, sync
+from workbench.runs import TERMINAL_STATUSES, RunStore, Settings, cancel, launch, sync
+from workbench.runs.settings import save_settings  # unauthorised: tests set up homes with it
 from workbench.runs.authz import local_principal
 
 ONE_STEP = ["train.steps=1", "logging.samples_per_step=1", "logging.diagnostics_sequences=1"]

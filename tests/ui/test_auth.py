@@ -243,7 +243,8 @@ def test_a_member_manages_their_own_run(two_passwords, store):
 
 # ---- limits on guessing (issue 17: 40 attempts in 38 s from four browsers, none refused) ----------
 
-from workbench.runs import Settings, SettingsError, load_settings, save_settings  # noqa: E402
+from workbench.runs import Settings, SettingsError, load_settings  # noqa: E402
+from workbench.runs.settings import save_settings  # unauthorised: tests set up homes with it  # noqa: E402
 from workbench.runs.settings import proxy_networks  # noqa: E402
 from workbench.ui import auth  # noqa: E402
 from workbench.ui.signin_limits import (  # noqa: E402

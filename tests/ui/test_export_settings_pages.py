@@ -6,7 +6,8 @@ from tests.ui.conftest import page
 from tests.ui.seed import add_run
 from workbench.export.scripts import BashOptions, SlurmOptions, bash_script, recipe_yaml, sbatch_script
 from workbench.recipe import Recipe, load_recipe
-from workbench.runs import SSHHost, Settings, load_settings, save_settings
+from workbench.runs import SSHHost, Settings, load_settings
+from workbench.runs.settings import save_settings  # unauthorised: tests set up homes with it
 
 
 def test_export_a_run_shows_and_offers_the_three_scripts(home, store):

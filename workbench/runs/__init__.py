@@ -10,7 +10,7 @@ from workbench.runs.records import Run, RunRepository
 from workbench.runs.service import (MAX_RUNS_PER_LAUNCH, PlannedRun, cancel, delete, edit_run, ensure_collector, launch,
                                     launch_group, launch_planned, model_outputs, parse_sweep, plan_runs, resume, sync,
                                     update_settings, wait)
-from workbench.runs.settings import Settings, SettingsError, SlurmDefaults, SSHHost, load_settings, save_settings
+from workbench.runs.settings import Settings, SettingsError, SlurmDefaults, SSHHost, load_settings
 from workbench.runs.store import ACTIVE_STATUSES, RESUMABLE_STATUSES, STATUSES, TERMINAL_STATUSES, RunError, RunStore
 
 __all__ = [
@@ -18,5 +18,5 @@ __all__ = [
     "ConfigError", "LaunchError", "PermissionDenied", "PlannedRun", "Principal", "Run", "RunError", "RunRepository", "RunStore",
     "Settings", "SettingsError", "SlurmDefaults", "SSHHost", "cancel", "delete", "edit_run", "ensure_collector", "launch",
     "launch_group", "launch_planned", "load_settings", "local_principal", "model_outputs", "parse_sweep", "plan_runs",
-    "quickstart_plan", "quickstart_recipes", "resume", "save_settings", "sync", "update_settings", "wait",
+    "quickstart_plan", "quickstart_recipes", "resume", "sync", "update_settings", "wait",
 ]

@@ -159,14 +159,3 @@ def check_event(raw: Any, now: float) -> Checked:
     if isinstance(payload, str):
         return Rejected(payload)
     return Event(kind, step, float(when), payload)
-
-
-def parse_line(line: bytes | str, now: float) -> Checked:
-    """One line of an event stream (JSON text) -> ``check_event`` of it; a line that is not JSON
-    is ``Rejected``."""
-    try:
-        raw = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        text = line if isinstance(line, str) else line.decode(errors="replace")
-        return Rejected(f"not JSON: {text[:60]!r}")
-    return check_event(raw, now)
