@@ -282,6 +282,24 @@ def test_non_finite_loss_fails_before_the_update(few_problems, tmp_path):
     assert "NonFiniteLossError" in [e for e in events if e["kind"] == "error"][0]["error"]
 
 
+def test_a_non_finite_loss_stops_the_step_before_any_weight_moves(wb_home, few_problems, tmp_path):
+    """The finiteness check runs once per optimiser update, before the optimiser steps: the step
+    whose loss overflows raises with the weights exactly as the previous step left them."""
+    from workbench.engine.trainer import NonFiniteLossError, Trainer, parameter_digest
+
+    recipe = load_recipe("grpo", [f"dataset={few_problems}", "train.steps=6", "algorithm.grpo_scale=none",
+                                  "reward_funcs=['tests.engine.faulty_rewards:overflowing_at_step_2']"])
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    digest = lambda: parameter_digest(t.accelerator.unwrap_model(t.policy))  # noqa: E731
+    t.step(0)
+    t.step(1)
+    before = digest()
+    with pytest.raises(NonFiniteLossError):
+        t.step(2)
+    assert digest() == before
+
+
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_a_batch_of_solved_groups_leaves_the_policy_unchanged(wb_home, few_problems, tmp_path, name):
     """Every completion of every group earns 1.2 (exact match + format, in float32): no group has

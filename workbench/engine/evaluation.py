@@ -40,7 +40,6 @@ from workbench.engine.rollout import valid_token_lists
 from workbench.engine.seeds import eval_seed
 from workbench.recipe import Recipe
 
-#: Mixed into train.seed for the eval draws, so they never coincide with a training step's seed.
 #: A completion is correct when the correctness reward reaches this (its maximum).
 CORRECT_AT = 1.0
 

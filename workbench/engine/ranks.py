@@ -63,12 +63,6 @@ class Ranks:
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.reduce(tensor, "sum")
 
-    def sum_scalar(self, value: float) -> float:
-        """A Python number summed over ranks (as a float32 tensor on the device, as before)."""
-        if self.world == 1:
-            return float(value)
-        return float(self.sum(torch.tensor(float(value), device=self.device)))
-
 
 def global_counts(ranks: Ranks, loss_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(num_tokens, num_seqs) of these rows summed over ranks (core.batch_normalizers): tokens of

@@ -6,16 +6,21 @@ the tiny model's warm-up data and vLLM's per-completion seeds. Each gets its own
 changing one (e.g. turning eval on) never shifts another's numbers, and each is a pure function
 of its inputs so that a resumed run or a rerun draws the same values.
 
-The shared construction is ``stream(seed, i) = seed * SEED_STRIDE + i`` (the stride is a prime
-larger than any step count, so distinct (seed, i) pairs with i < stride never collide), spread
+The shared construction is ``stream(seed, i) = seed * SEED_STRIDE + i``: distinct (seed, i) pairs
+with 0 <= i < SEED_STRIDE never collide. The salts added to i (DYNAMIC_ROUND_SEED times the round,
+EVAL_SEED_SALT) keep streams apart only for runs shorter than the salt: dynamic sampling's round
+r >= 1 of step k draws what round 0 of step k + r * 104,729 draws (a run of more than 104,729
+steps), and the eval's indices start at 7,777,777, beyond any step (at most 1,000,000) but past
+the stride, so seed s's eval draws seed s + 7's stream at a step index. The values are those the
+runs were recorded with, so they stay. Spread
 over data-parallel ranks as ``stream * world + rank`` (each rank samples different completions,
 and one process reproduces rank 0 of a world-1 run).
 """
 
 from __future__ import annotations
 
-#: Multiplies the run seed before an index is added (a prime: seed s at index i and seed s + 1
-#: at index i - stride would be the only collision, and no step index reaches it).
+#: Multiplies the run seed before an index is added (a prime; seed s at index i and seed s + 1 at
+#: index i - stride would collide, which needs an index of at least the stride).
 SEED_STRIDE = 1_000_003
 #: Offsets the prompt order and sampling seeds of dynamic sampling's later rounds (a prime).
 DYNAMIC_ROUND_SEED = 104_729
