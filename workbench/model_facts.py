@@ -119,7 +119,7 @@ MODEL_CARDS: dict[str, ModelCard] = {
     TINY_MODEL: ModelCard(
         parameters="0.81M (Llama layout, character tokenizer; built on first use, ~40 s)",
         memory="under 0.5 GiB",
-        step_time="~0.04 s per GRPO step (8 prompts x 4 completions x 16 tokens, 1 thread); a preset's 60 steps "
+        step_time="~0.04 s per GRPO step (4 prompts x 8 completions x 16 tokens, 1 thread; README, bench/engine_vs_trl.py); a preset's 60 steps "
                   "in 5-26 s: the fast CPU default",
     ),
     "smollm2-135m": ModelCard(
