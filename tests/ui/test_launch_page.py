@@ -202,7 +202,7 @@ def test_seeds_and_a_sweep_launch_every_combination(home, store, cleanup):
     at.multiselect(key="launch_sweep_fields").select("algorithm.eps_high").run()
     at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, 0.28").run()
     # grpo at mu = 1, one minibatch: the clip never acts, so this sweep is refused with the spec's reason
-    assert any(e.value.startswith("sweep algorithm.eps_high has no effect in any arm") for e in at.error)
+    assert any(e.value.startswith("Sweep algorithm.eps_high: no effect in any arm") for e in at.error)
     at.text_input(key="rf:train.mu").input("2").run()
     assert not at.error
     assert at.button(key="launch_go").label == "Launch 4 runs (2 arms x 2 seeds)"
@@ -330,8 +330,8 @@ def test_path_fields_inside_the_home_and_model_names_still_work(home):
     assert app_path_value("model", "models/mine") == str(home / "models" / "mine")
     with pytest.raises(ValueError, match="no such file or directory in the workbench home"):
         app_path_value("model", "./nothing-here")
-    planned, error = _plan(load_recipe("grpo"), [], 1, {"dataset": ["data.jsonl"]}, "local")
-    assert error is None and planned[0].recipe.dataset == str(home / "data.jsonl")  # resolved in the home, not the cwd
+    plan = _plan(load_recipe("grpo"), [], 1, {"dataset": ["data.jsonl"]}, "local")
+    assert plan.error is None and plan.planned[0].recipe.dataset == str(home / "data.jsonl")  # resolved in the home, not the cwd
 
 
 def test_the_form_says_when_a_knob_has_no_effect():

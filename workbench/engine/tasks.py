@@ -281,6 +281,27 @@ def get_task(name: str) -> Task:
         ) from None
 
 
+BUILTIN_FAMILY = "built-in"
+
+
+def task_catalogue() -> dict[str, list[str]]:
+    """Every task value a recipe's ``task`` takes, grouped for a picker: {'built-in': the
+    registered tasks, 'reasoning-gym · <family>': its datasets as ``reasoning_gym/<name>``, ...}.
+    The family is the reasoning-gym subpackage a dataset lives in (arithmetic, algebra, games,
+    logic, ...), read from its registry, so a new dataset lands in its family by itself. Groups
+    in order: built-in first, then families by name; names sorted within each."""
+    from reasoning_gym.factory import DATASETS
+
+    from workbench.engine.reasoning import REASONING_GYM_PREFIX
+
+    groups: dict[str, list[str]] = {BUILTIN_FAMILY: sorted(TASKS)}
+    families: dict[str, list[str]] = {}
+    for name, (dataset_cls, _config) in DATASETS.items():
+        family = dataset_cls.__module__.split(".")[1] if dataset_cls.__module__.count(".") else "other"
+        families.setdefault(f"reasoning-gym · {family}", []).append(REASONING_GYM_PREFIX + name)
+    return groups | {family: sorted(families[family]) for family in sorted(families)}
+
+
 def resolve_task(name: str, config: dict[str, Any] | None = None, *, system_prompt: str | None = None) -> Task | ReasoningGymTask:
     """A built-in task, or the reasoning-gym task ``reasoning_gym/<dataset>`` configured by
     ``config`` (its prompts' system message ``system_prompt``, default reasoning-gym's).

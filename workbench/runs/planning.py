@@ -173,21 +173,37 @@ def plan_runs(sources: Sequence[str | Recipe], *, seeds: int = 1, sweep: Mapping
     return planned
 
 
-def check_sweep_acts(grid: Mapping[str, Sequence[Any]], planned: Sequence[PlannedRun]) -> None:
-    """Refuse a swept field that has no effect in any arm (``workbench.algorithms.inert_knobs``,
-    read from the specs: eps_high of the clip at mu = 1 with one minibatch, sapo_tau_* under another
-    loss, kl_estimator at kl_coef = 0): its arms would differ only by noise, a comparison with nothing
-    to find. A field that acts in at least one arm (swept beside train.mu, say) is allowed."""
+def inert_sweeps(grid: Mapping[str, Sequence[Any]], planned: Sequence[PlannedRun]) -> dict[str, dict[str, str]]:
+    """Swept field -> {arm: why the field has no effect in that arm} (``workbench.algorithms.inert_knobs``,
+    read from the specs), for the swept fields inert in at least one arm; {} when every swept
+    field acts everywhere. The seeds of an arm share its settings, so one recipe per arm is read."""
     from workbench.algorithms import inert_knobs
 
-    if not grid:
-        return
-    first_of_arm = {p.arm: p.recipe for p in planned}  # seeds of an arm share its settings
-    inert = [inert_knobs(recipe) for recipe in first_of_arm.values()]
-    for key in grid:
-        if inert and all(key in knobs for knobs in inert):
-            raise RunError(f"--sweep {key} has no effect in any arm ({inert[0][key]}): its arms would differ only by "
-                           "noise; sweep a field that acts, or change the setting named")
+    first_of_arm = {p.arm: p.recipe for p in planned}
+    inert = {arm: inert_knobs(recipe) for arm, recipe in first_of_arm.items()}
+    out = {key: {arm: knobs[key] for arm, knobs in inert.items() if key in knobs} for key in grid}
+    return {key: arms for key, arms in out.items() if arms}
+
+
+def check_sweep_acts(grid: Mapping[str, Sequence[Any]], planned: Sequence[PlannedRun]) -> None:
+    """Refuse a swept field that has no effect in any arm (:func:`inert_sweeps`: eps_high of the
+    clip at mu = 1 with one minibatch, sapo_tau_* under another loss, kl_estimator at kl_coef = 0):
+    its arms would differ only by noise, a comparison with nothing to find. A field that acts in
+    at least one arm (swept beside train.mu, say) is allowed."""
+    arms = {p.arm for p in planned}
+    for key, inert in inert_sweeps(grid, planned).items():
+        if set(inert) == arms:
+            raise InertSweepError(key, next(iter(inert.values())))
+
+
+class InertSweepError(RunError):
+    """A swept field that acts in no arm (its name and the reason kept for the Launch page,
+    which shows them beside the sweep editor)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"--sweep {field} has no effect in any arm ({reason}): its arms would differ only by "
+                         "noise; sweep a field that acts, or change the setting named")
+        self.field, self.reason = field, reason
 
 
 def _yaml_text(value: Any) -> str:

@@ -32,8 +32,26 @@ VIEWS = ("per run", "arms")
 MAX_ALL_PAIRS = 4  # arms up to which the verdict compares every pair by default
 
 
+def _open_requested(runs, groups: list[str]) -> None:
+    """A link that names what to open (``?group=G`` or ``?run=ID&run=ID``: Launch's "Open Live /
+    Compare") selects it, once per link: the widgets' state is set before they are drawn, so it
+    wins over an earlier choice of this session, and later choices on the page stand."""
+    wanted = (st.query_params.get("group"), tuple(st.query_params.get_all("run")))
+    if wanted == (None, ()) or st.session_state.get("compare_opened") == wanted:
+        return
+    st.session_state["compare_opened"] = wanted
+    group, ids = wanted
+    if group in groups:
+        st.session_state["compare_mode"] = "Group"
+        st.session_state["compare_group_select"] = group
+    elif known := [i for i in ids if i in set(runs["id"])]:
+        st.session_state["compare_mode"] = "Runs"
+        st.session_state["compare_pick"] = known
+
+
 def _selection(runs) -> list[str]:
     groups = store().groups()
+    _open_requested(runs, groups["group"].tolist())
     modes = ["Group", "Runs"] if len(groups) else ["Runs"]
     mode = st.radio("Compare", modes, horizontal=True, key="compare_mode")
     if mode == "Group":
@@ -90,6 +108,45 @@ def _status_line(runs) -> None:
     st.markdown(" &nbsp;|&nbsp; ".join(parts))
 
 
+def chat_parts(prompt) -> tuple[str, list[dict]] | None:
+    """A conversational prompt (a list of {role, content} messages, TRL's format) -> (the last
+    user turn, every other message in order): the question first, the long system prompt and
+    earlier turns behind it. None for a plain-text prompt."""
+    if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt)):
+        return None
+    last = max((i for i, m in enumerate(prompt) if m.get("role") == "user"), default=len(prompt) - 1)
+    return str(prompt[last]["content"]), [m for i, m in enumerate(prompt) if i != last]
+
+
+def _sample_numbers(row) -> str:
+    """'reward **1.000** · advantage +0.500 · 12 tokens (truncated)' (the numbers a table row shows)."""
+    parts = [f"reward **{row['reward']:.3f}**", f"advantage {row['advantage']:+.3f}"]
+    if pd.notna(row.get("length")):
+        parts.append(f"{int(row['length'])} tokens" + (" (truncated)" if row.get("truncated") in (True,) else ""))
+    return " · ".join(parts)
+
+
+def _chat_sample(row, chat: tuple[str, list[dict]]) -> None:
+    """One conversational sample as a chat: the last user turn, the earlier messages collapsed,
+    and the completion beside it with its reward."""
+    question, others = chat
+    with st.container(border=True):
+        left, right = st.columns(2)
+        with left:
+            with st.chat_message("user"):
+                st.markdown(question)
+            if others:
+                roles = ", ".join(dict.fromkeys(str(m.get("role", "?")) for m in others))
+                with st.expander(f"Earlier messages ({len(others)}: {roles})"):
+                    for message in others:
+                        st.markdown(f"**{message.get('role', '?')}**")
+                        st.text(str(message["content"]))
+        with right:
+            with st.chat_message("assistant"):
+                st.text(str(row["completion"]))
+            st.caption(_sample_numbers(row))
+
+
 def _samples(ids: list[str], labels: dict[str, str]) -> None:
     st.subheader("Sample completions")
     cols = st.columns([2, 1])
@@ -101,6 +158,11 @@ def _samples(ids: list[str], labels: dict[str, str]) -> None:
     steps = sorted(samples["step"].unique().tolist())
     step = cols[1].selectbox("Step", steps, index=len(steps) - 1, key=f"compare_sample_step:{run_id}")
     rows = samples[samples["step"] == step].drop(columns=["run_id", "step"])
+    chats = [chat_parts(p) for p in rows["prompt"]]
+    if any(chats):  # conversational prompts: raw JSON would start with the system prompt
+        for (_, row), chat in zip(rows.iterrows(), chats):
+            _chat_sample(row, chat or (str(row["prompt"]), []))
+        return
     st.dataframe(rows, hide_index=True, column_config={
         "reward": st.column_config.NumberColumn(format="%.3f"),
         "advantage": st.column_config.NumberColumn(format="%+.3f", help="sequence-level advantage (token mean)")})

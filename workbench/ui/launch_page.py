@@ -6,10 +6,12 @@ the one-button quick comparison (GRPO vs RLOO vs PPO x 3 seeds)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import streamlit as st
 
 from workbench import runs as wr
+from workbench.runs.planning import InertSweepError, check_joins_group, inert_sweeps
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
 from workbench.engine.rewards import check_app_reward_funcs
 from workbench.ui.common import (LAUNCH_ERRORS, any_active, blocked_notice, guarded_button,
@@ -38,14 +40,24 @@ def result_message(group: str | None, ids: list[str]) -> str:
     return f"Launched {what}: " + ", ".join(f"`{i}`" for i in ids) + f". Watch {them} on **Live / Compare**."
 
 
-def _show_result() -> None:
+def open_link_params(result: dict) -> dict[str, str | list[str]]:
+    """The query of the 'Open Live / Compare' link after a launch: the group it made
+    (``?group=G``), else the run (``?run=ID``), so Live / Compare opens on what was launched and
+    not on the newest group."""
+    return {"group": result["group"]} if result.get("group") else {"run": list(result["ids"])}
+
+
+def _show_result(where: str) -> None:
+    """The last launch's message and link, drawn at the button that launched it (``where``: 'form'
+    or 'quick'), where the user's eyes and view are."""
     result = st.session_state.get("launch_result")
-    if not result:
+    if not result or st.session_state.get("launch_result_at") != where:
         return
     st.success(result_message(result["group"], result["ids"]), icon=":material/rocket_launch:")
     from workbench.ui.nav import page
 
-    st.page_link(page("compare"), label="Open Live / Compare", icon=":material/monitoring:")
+    st.page_link(page("compare"), label="Open Live / Compare", icon=":material/monitoring:",
+                 query_params=open_link_params(result))
 
 
 def _active_quick_group() -> str | None:
@@ -66,8 +78,10 @@ def _quick_comparison() -> None:
                     "saying which gaps are real (timings: bench/learning_bench.py).")
         running = _active_quick_group()
         help_ = f"Your quick comparison {running} is still running: watch it on Live / Compare." if running else None
-        if not guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary",
-                              disabled=bool(running), help=help_):
+        clicked = guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary",
+                                 disabled=bool(running), help=help_)
+        _show_result("quick")
+        if not clicked:
             return
         if _active_quick_group():  # a click queued before the button was drawn disabled
             st.info(f"Quick comparison {_active_quick_group()} is already running: no second group launched.")
@@ -80,7 +94,8 @@ def _quick_comparison() -> None:
             planned = None
             st.error(str(err))
         if planned and launch_planned_and_remember(planned, group):
-            st.rerun()  # the result message (with its link) is drawn at the top of the page
+            st.session_state["launch_result_at"] = "quick"
+            st.rerun()  # the result message (with its link) is drawn under this button
         st.session_state.pop("quick_group", None)
 
 
@@ -131,23 +146,53 @@ def _sweep_editor() -> tuple[dict[str, list] | None, list[str]]:
     return (None if errors else sweep), errors
 
 
-def _plan(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | None,
-          target: str) -> tuple[list[wr.PlannedRun] | None, str | None]:
-    """Every run of the launch, validated (``wr.plan_runs``), or None and the one error naming the
-    arm and seed at fault. Nothing is launched here."""
+@dataclass(frozen=True)
+class Plan:
+    """What the Launch page knows before the click: every run (None while anything is invalid),
+    the one error naming the arm and seed at fault, and the swept fields without effect in some
+    or every arm ({field: {arm: why}}; ``every_arm`` names the field that acts nowhere)."""
+
+    planned: list[wr.PlannedRun] | None = None
+    error: str | None = None
+    inert: dict[str, dict[str, str]] = field(default_factory=dict)
+    every_arm: InertSweepError | None = None
+
+
+def _plan(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | None, target: str) -> Plan:
+    """Every run of the launch, validated (``wr.plan_runs``), or the one error naming the arm and
+    seed at fault; and where a swept field does nothing (``inert_sweeps``, from the specs).
+    Nothing is launched here."""
     if recipe is None or sweep is None:
-        return None, None
+        return Plan()
     try:  # planning imports and reads nothing; a reward function the app does not offer or a path
         # outside the workbench home (swept too: swept values skip the form) is refused here
-        planned = wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=app_paths_sweep(sweep),
-                               target=target)
+        grid = app_paths_sweep(sweep)
+        planned = wr.plan_runs(comparison_recipes(recipe, others), seeds=seeds, sweep=grid, target=target)
         allowed = allowed_reward_refs()
         for run in planned:
             check_app_reward_funcs(run.recipe.reward_funcs, allowed)
             check_app_paths(run.recipe)
-        return planned, None
+        return Plan(planned, inert=inert_sweeps(grid, planned))
+    except InertSweepError as err:  # said beside the sweep editor, before any click
+        return Plan(every_arm=err)
     except LAUNCH_ERRORS as err:
-        return None, str(err).removeprefix("--")
+        return Plan(error=str(err).removeprefix("--"))
+
+
+def inert_sweep_messages(plan: Plan) -> list[tuple[str, str]]:
+    """(level, text) per swept field that does nothing somewhere: 'error' when it acts in no arm
+    (the launch is refused: its arms would differ only by noise), 'warning' when it is inert in
+    some arms (named, with the reason from the algorithm's spec)."""
+    if plan.every_arm is not None:
+        return [("error", f"Sweep {plan.every_arm.field}: no effect in any arm ({plan.every_arm.reason}), so its arms "
+                          "would differ only by noise. Sweep a field that acts, or change the setting named.")]
+    arms = len({p.arm for p in plan.planned or []})
+    out = []
+    for key, inert in plan.inert.items():
+        reasons = sorted(set(inert.values()))
+        out.append(("warning", f"Sweep {key}: no effect in {len(inert)} of {arms} arms ({', '.join(inert)}): "
+                               f"{'; '.join(reasons)}. In those arms its values differ only by noise."))
+    return out
 
 
 def launch_label(planned: list[wr.PlannedRun] | None, seeds: int) -> str:
@@ -159,9 +204,45 @@ def launch_label(planned: list[wr.PlannedRun] | None, seeds: int) -> str:
     return f"Launch {n} runs" + (f" ({arms} arm{'s' * (arms > 1)} x {seeds} seeds)" if seeds > 1 else "")
 
 
+GROUP_CHARS = 48
+
+
+def unique_group(base: str, taken: set[str]) -> str:
+    """``base`` (cut to GROUP_CHARS) if no group has it, else the first free ``base-2``,
+    ``base-3``, ...: re-launching the same sweep makes a new group instead of failing on the old one."""
+    base = base[:GROUP_CHARS]
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base[:GROUP_CHARS - len(str(n)) - 1]}-{n}" in taken:
+        n += 1
+    return f"{base[:GROUP_CHARS - len(str(n)) - 1]}-{n}"
+
+
 def _default_group(recipe: Recipe | None, others: list[str], seeds: int, sweep: dict | None) -> str:
+    """'grpo-vs-rloo-sweep-x3', made unique against the store's groups."""
     name = "-vs-".join([recipe.name if recipe else "run", *others])
-    return (name + ("-sweep" if sweep else "") + (f"-x{seeds}" if seeds > 1 else ""))[:48]
+    base = name + ("-sweep" if sweep else "") + (f"-x{seeds}" if seeds > 1 else "")
+    return unique_group(base, set(store().groups()["group"]))
+
+
+def group_conflict(group: str | None, planned: list[wr.PlannedRun] | None) -> str | None:
+    """Why the group typed in the Comparison group field cannot take these runs (an arm there with
+    another recipe, or a seed it already has), naming that field; None when it can."""
+    if not group or not planned:
+        return None
+    try:
+        check_joins_group(store().arms(group), group, planned)
+    except wr.RunError as err:
+        reason = str(err).rpartition("; ")[0] or str(err)  # the service's hint names CLI flags
+        return f"Comparison group: {reason}. Type a new name in the Comparison group field."
+    return None
+
+
+def _request_launch() -> None:
+    """on_click of the launch button: runs before the rerun the click makes, so that rerun draws
+    the button disabled (Streamlit then discards any further click on it) until the launch is recorded."""
+    st.session_state["launch_pending"] = True
 
 
 def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe) -> None:
@@ -175,37 +256,52 @@ def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe
                                 help="Each arm runs with seeds s, s+1, ... (s = train.seed), paired across arms: "
                                 "the verdict table needs >= 2 to say whether a gap is real."))
     sweep, sweep_errors = _sweep_editor()
+    sweep_notes = st.container()  # filled once the plan says which swept fields act
     targets, settings_error = _targets()
     if settings_error:
         st.error(settings_error)
     cols = st.columns(3)
     target = cols[0].selectbox("Target", targets, format_func=lambda t: TARGET_LABELS.get(t, t), key="launch_target",
                                help="this machine, an SSH host from Settings, or a SLURM cluster (sbatch).")
-    planned, plan_error = _plan(recipe, others, seeds, sweep, target)
+    plan = _plan(recipe, others, seeds, sweep, target)
+    for level, message in inert_sweep_messages(plan):
+        getattr(sweep_notes, level)(message, icon=":material/block:")
+    planned = plan.planned
     several = bool(others) or seeds > 1 or bool(sweep)
     default_group = _default_group(recipe, others, seeds, sweep) if several else ""
-    group = cols[1].text_input("Comparison group", value=default_group, key=f"launch_group:{default_group}",
+    launches = st.session_state.get("launch_count", 0)  # a launch resets the field to the next free default
+    group = cols[1].text_input("Comparison group", value=default_group, key=f"launch_group:{default_group}:{launches}",
                                help="Runs launched together are compared as one group.") if several else None
     tags_text = cols[2].text_input("Tags (comma separated)", key="launch_tags")
     notes = st.text_area("Notes", key="launch_notes", height=68)
+    conflict = group_conflict(group.strip() if group else None, planned)
     if errors:
         st.error(launch_blocked_message(errors), icon=":material/error:")
-    for message in [*sweep_errors, *([plan_error] if plan_error else [])]:
+    for message in [*sweep_errors, *([plan.error] if plan.error else []), *([conflict] if conflict else [])]:
         st.error(message, icon=":material/error:")
     blocked_notice()
-    if not guarded_button(launch_label(planned, seeds), key="launch_go", type="primary", disabled=planned is None):
-        return
-    if planned is None:  # a click on the disabled button from a crafted client
-        return
-    tags = [t.strip() for t in tags_text.split(",") if t.strip()]
-    group = (group or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if len(planned) > 1 else None
-    if launch_planned_and_remember(planned, group, target=target, tags=tags, notes=notes):
-        st.rerun()
+    ready = planned is not None and not conflict
+    pending = st.session_state.get("launch_pending", False)
+    button, feedback = st.columns([1, 3], vertical_alignment="center")
+    with button:
+        guarded_button(launch_label(planned, seeds), key="launch_go", type="primary", disabled=not ready or pending,
+                       on_click=_request_launch)
+    with feedback:
+        if not st.session_state.pop("launch_pending", False) or not ready:
+            _show_result("form")
+            return
+        tags = [t.strip() for t in tags_text.split(",") if t.strip()]
+        group = (group.strip() or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if len(planned) > 1 else None
+        with st.spinner("Launching…"):
+            ids = launch_planned_and_remember(planned, group, target=target, tags=tags, notes=notes)
+        if ids:
+            st.session_state["launch_result_at"] = "form"
+            st.session_state["launch_count"] = launches + 1
+            st.rerun()  # the button enabled again, the result beside it
 
 
 def render() -> None:
     st.title("Launch")
-    _show_result()
     _quick_comparison()
     base, base_id = _starting_point()
     if base is None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from workbench.algorithms import FAMILIES, inert_knobs
 from workbench.engine.rewards import app_reward_choices
-from workbench.engine.tasks import TASKS
+from workbench.engine.tasks import BUILTIN_FAMILY
 from workbench.home import confined_path
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
 from workbench.yamlsafe import MAX_VALUE_CHARS, YamlInputError, load_yaml, short
@@ -89,11 +89,50 @@ def _section_specs(section: str, model: type[BaseModel]) -> list[FieldSpec]:
 
 
 @functools.cache
-def _task_choices() -> tuple[str, ...]:
-    """Built-in tasks, then every reasoning-gym dataset as ``reasoning_gym/<name>``, then no task."""
-    from workbench.engine.reasoning import reasoning_gym_names
+def _task_groups() -> dict[str, tuple[str, ...]]:
+    """Task values by group: built-in, then reasoning-gym by family (``task_catalogue``)."""
+    from workbench.engine.tasks import task_catalogue
 
-    return (*sorted(TASKS), *(f"reasoning_gym/{n}" for n in reasoning_gym_names()), NO_TASK)
+    return {group: tuple(names) for group, names in task_catalogue().items()}
+
+
+def _task_choices() -> tuple[str, ...]:
+    """Built-in tasks, then every reasoning-gym dataset as ``reasoning_gym/<name>`` family by
+    family, then no task."""
+    return (*(name for names in _task_groups().values() for name in names), NO_TASK)
+
+
+@functools.cache
+def _task_labels() -> dict[str, str]:
+    """task value -> 'family / name' ('built-in / arithmetic', 'reasoning-gym · games / sudoku'):
+    the picker's labels, so typing a family or a name filters its 100+ entries."""
+    return {name: f"{group} / {name.rsplit('/', 1)[-1]}" for group, names in _task_groups().items() for name in names}
+
+
+def task_label(value: str) -> str:
+    """The task picker's label of ``value`` (a value not in the catalogue, e.g. a previous run's, as is)."""
+    return _task_labels().get(value, value)
+
+
+def task_help(description: str) -> str:
+    """The task field's help: its docstring, then the groups with their sizes (typing searches)."""
+    groups = ", ".join(f"{group.removeprefix('reasoning-gym · ')} ({len(names)})"
+                       for group, names in _task_groups().items() if group != BUILTIN_FAMILY)
+    builtin = ", ".join(_task_groups()[BUILTIN_FAMILY])
+    return (f"{description}\n\nType to search: labels read 'family / name'. Built-in (for the tiny model): "
+            f"{builtin}. reasoning-gym (for real models, e.g. smollm2-135m), by family: {groups}.")
+
+
+def model_help(description: str) -> str:
+    """The model field's help: its docstring, then every built-in model with its size, memory and
+    time per step here (``workbench.model_facts.MODEL_CARDS``)."""
+    from workbench.model_facts import builtin_models_help
+
+    return f"{description}\n\n{builtin_models_help()}"
+
+
+#: Choice fields whose options read better with a label than their raw value.
+CHOICE_LABELS = {"task": task_label}
 
 
 def field_specs() -> list[FieldSpec]:
@@ -102,8 +141,8 @@ def field_specs() -> list[FieldSpec]:
     specs = [
         FieldSpec("name", "text", "Run name (also the default run id prefix): letters, digits, '.', '_', '-'."),
         FieldSpec("description", "text", "Free text shown with the run."),
-        FieldSpec("model", "text", top["model"].description or ""),
-        FieldSpec("task", "choice", top["task"].description or "", _task_choices()),
+        FieldSpec("model", "text", model_help(top["model"].description or "")),
+        FieldSpec("task", "choice", task_help(top["task"].description or ""), _task_choices()),
         FieldSpec("task_config", "value", top["task_config"].description or ""),
         FieldSpec("system_prompt", "text", top["system_prompt"].description or "", optional=True),
         FieldSpec("dataset", "text", (top["dataset"].description or "") + " Path relative to the workbench home.",
@@ -399,7 +438,7 @@ def load_into_form(recipe: Recipe) -> None:
 def _widget(spec: FieldSpec, error: str | None, inert: str | None = None) -> None:
     label, key, help_ = spec.label, spec.key, spec.help
     if spec.kind == "choice":
-        st.selectbox(label, spec.choices, key=key, help=help_)
+        st.selectbox(label, spec.choices, key=key, help=help_, format_func=CHOICE_LABELS.get(spec.path, str))
     elif spec.kind == "multi":  # a value not offered (a previous run's, launched from the CLI) stays visible,
         held = [v for v in st.session_state.get(key) or [] if v not in spec.choices]  # refused by parse_field
         st.multiselect(label, [*spec.choices, *held], key=key, help=help_)

@@ -1,0 +1,185 @@
+"""The Launch page and the flow after it (issue 19): feedback at the button that launched, the
+link opening what was launched, unique default groups, inert sweeps said before the click, the
+built-in models and grouped tasks in the form's help, and chat samples on Live / Compare."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+import pytest
+
+from tests.ui.conftest import page
+from tests.ui.seed import add_run
+from workbench import runs as wr
+from workbench.runs.authz import local_principal
+
+
+@pytest.fixture
+def cleanup(store):
+    yield
+    for run_id in store.list_runs()["id"]:
+        wr.cancel(run_id, principal=local_principal(), store=store, grace_s=5)
+
+
+def order(at) -> list[tuple[str, str]]:
+    """(element type, key or text) of every element of the page, in drawing order."""
+    out = []
+    for node in at.main:
+        kind = getattr(node, "type", "")
+        key = getattr(node, "key", None) or getattr(getattr(node, "proto", None), "label", None) or str(getattr(node, "value", ""))
+        out.append((kind, str(key)))
+    return out
+
+
+def position(at, kind: str, text: str) -> int:
+    """Index in drawing order of the first element of ``kind`` whose key / label / value holds ``text``."""
+    for i, (k, key) in enumerate(order(at)):
+        if k == kind and text in key:
+            return i
+    raise AssertionError(f"no {kind} with {text!r} on the page: {[k for k, _ in order(at)][-20:]}")
+
+
+def test_a_launch_answers_at_its_button_and_links_to_the_run(home, store, cleanup):
+    """The message and the link were drawn at the top of the page, far from the button at the
+    bottom; the link opened the newest group, not the run."""
+    add_run(store, name="old", group="older-group")  # a group exists: Live / Compare opened it
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.steps").input("2").run()
+    at.button(key="launch_go").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    [run_id] = [i for i in store.list_runs()["id"] if not i.startswith("old")]
+    button, message = position(at, "button", "launch_go"), position(at, "success", "Launched run")
+    assert message > button > position(at, "selectbox", "launch_target")  # below the form, right after the button
+    assert message - button <= 3
+    [link] = at.get("page_link")
+    assert link.proto.label == "Open Live / Compare" and parse_qs(link.proto.query_string) == {"run": [run_id]}
+    assert not at.button(key="launch_go").disabled  # recorded: enabled again
+
+
+def test_a_pending_launch_draws_the_button_disabled_and_launches_once(home, store, cleanup):
+    """The click's callback marks the launch pending before the rerun: that rerun draws the button
+    disabled (Streamlit drops clicks on a disabled button), launches once, then enables it."""
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.steps").input("2").run()
+    button = at.button(key="launch_go")
+    assert button.proto.disabled is False
+    at.button(key="launch_go").click().run()
+    at.run()  # a rerun after the launch (a second click's rerun arriving late) launches nothing
+    assert len(store.list_runs()) == 1 and "launch_pending" not in at.session_state
+
+
+def test_live_compare_opens_the_run_or_group_the_link_names(home, store):
+    from workbench.ui.launch_page import open_link_params
+
+    run = add_run(store, name="single")
+    add_run(store, name="a", group="newest", seed=1)
+    assert open_link_params({"group": None, "ids": [run]}) == {"run": [run]}
+    assert open_link_params({"group": "newest", "ids": ["x", "y"]}) == {"group": "newest"}
+    at = page("compare_page")
+    at.query_params["run"] = run
+    at.run()
+    assert not at.exception
+    assert at.radio(key="compare_mode").value == "Runs" and at.multiselect(key="compare_pick").value == [run]
+    at = page("compare_page")
+    at.query_params["group"] = "newest"
+    at.run()
+    assert at.radio(key="compare_mode").value == "Group" and at.selectbox(key="compare_group_select").value == "newest"
+    at.radio(key="compare_mode").set_value("Runs").run()  # the link chose once; the user's choice then stands
+    assert at.radio(key="compare_mode").value == "Runs"
+
+
+def test_default_group_names_are_unique():
+    from workbench.ui.launch_page import GROUP_CHARS, unique_group
+
+    assert unique_group("grpo-sweep", set()) == "grpo-sweep"
+    assert unique_group("grpo-sweep", {"grpo-sweep"}) == "grpo-sweep-2"
+    assert unique_group("grpo-sweep", {"grpo-sweep", "grpo-sweep-2"}) == "grpo-sweep-3"
+    long = "x" * 60
+    taken = {long[:GROUP_CHARS]}
+    for _ in range(12):  # cut to the limit, suffix included
+        name = unique_group(long, taken)
+        assert len(name) <= GROUP_CHARS and name not in taken
+        taken.add(name)
+
+
+def test_relaunching_a_sweep_makes_a_new_group_and_a_taken_name_names_the_field(home, store, cleanup):
+    """Re-launching failed on the default group name, with an error suggesting a CLI flag."""
+    at = page("launch_page").run()
+    at.text_input(key="rf:train.steps").input("1").run()
+    at.text_input(key="rf:train.mu").input("2").run()
+    at.multiselect(key="launch_sweep_fields").select("algorithm.eps_high").run()
+    at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, 0.28").run()
+    for _ in range(2):
+        at.button(key="launch_go").click().run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+    assert sorted(store.groups()["group"]) == ["grpo-sweep", "grpo-sweep-2"]
+    [field] = [t for t in at.text_input if t.label == "Comparison group"]
+    assert field.value == "grpo-sweep-3"
+    field.input("grpo-sweep").run()
+    [error] = [e.value for e in at.error]
+    assert error.startswith("Comparison group: group 'grpo-sweep' already has arm") and "Comparison group field" in error
+    assert "--" not in error and at.button(key="launch_go").disabled and len(store.list_runs()) == 4
+
+
+def test_an_inert_sweep_is_said_beside_the_sweep_editor_before_the_click(home):
+    at = page("launch_page").run()
+    at.multiselect(key="launch_sweep_fields").select("algorithm.eps_high").run()
+    at.text_input(key="launch_sweep:algorithm.eps_high").input("0.2, 0.28").run()
+    editor, target = position(at, "text_input", "launch_sweep:algorithm.eps_high"), position(at, "selectbox", "launch_target")
+    [error] = [e for e in at.error if "algorithm.eps_high" in e.value]
+    assert error.value.startswith("Sweep algorithm.eps_high: no effect in any arm (") and "mu" in error.value
+    assert editor < position(at, "error", "Sweep algorithm.eps_high") < target and at.button(key="launch_go").disabled
+    # inert in some arms only (mu swept too): a warning naming those arms, the launch allowed
+    at.multiselect(key="launch_sweep_fields").select("train.mu").run()
+    at.text_input(key="launch_sweep:train.mu").input("1, 2").run()
+    [warning] = [w.value for w in at.warning if "algorithm.eps_high" in w.value]
+    assert warning.startswith("Sweep algorithm.eps_high: no effect in 2 of 4 arms (grpo · eps_high=0.2 · mu=1, "
+                              "grpo · eps_high=0.28 · mu=1)")
+    assert position(at, "warning", "Sweep algorithm.eps_high") < position(at, "selectbox", "launch_target")
+    assert not at.button(key="launch_go").disabled
+
+
+def test_the_model_help_lists_every_built_in_model_with_its_needs(home):
+    from workbench.model_facts import MODEL_CARDS, builtin_model_names
+
+    help_ = page("launch_page").run().text_input(key="rf:model").help
+    for name in builtin_model_names():
+        card = MODEL_CARDS[name]
+        assert f"`{name}`: {card.parameters}" in help_ and card.memory in help_ and card.step_time in help_
+    assert "smollm2-135m" in help_ and "11 s generation + 20 s training" in help_
+
+
+def test_the_task_picker_is_grouped_and_searchable_by_family(home):
+    from reasoning_gym.factory import DATASETS
+
+    from workbench.engine.tasks import TASKS, task_catalogue
+    from workbench.ui.recipe_form import NO_TASK, task_label
+
+    catalogue = task_catalogue()
+    assert next(iter(catalogue)) == "built-in" and catalogue["built-in"] == sorted(TASKS)
+    grouped = [name for names in catalogue.values() for name in names]
+    assert sorted(grouped) == sorted([*TASKS, *(f"reasoning_gym/{n}" for n in DATASETS)])  # each once
+    assert "reasoning_gym/basic_arithmetic" in catalogue["reasoning-gym · arithmetic"]
+    box = page("launch_page").run().selectbox(key="rf:task")
+    labels = [task_label(v) for v in grouped]
+    assert box.options == [*labels, NO_TASK] and len(set(labels)) == len(labels)
+    assert "built-in / arithmetic" in box.options and "reasoning-gym · games / sudoku" in box.options
+    assert box.value == "arithmetic_four" and "Type to search" in box.help
+
+
+def test_chat_samples_show_the_question_first_and_the_completion_beside(home, store):
+    system = "You are a helpful assistant. " * 20
+    run = add_run(store, name="chat", steps=0)
+    store.ingest(run, [{"kind": "samples", "step": 0, "time": 1.0, "samples": [
+        {"prompt": [{"role": "system", "content": system}, {"role": "user", "content": "What is 3 + 4?"}],
+         "completion": "<answer>7</answer>", "reward": 1.0, "advantage": 0.5, "length": 6, "truncated": False}]}])
+    at = page("compare_page").run()
+    assert not at.exception
+    chats = at.get("chat_message")
+    assert [c.proto.name for c in chats] == ["user", "assistant"]
+    assert chats[0].markdown[0].value == "What is 3 + 4?"
+    assert chats[1].get("text")[0].value == "<answer>7</answer>"
+    [expander] = [e for e in at.expander if e.label.startswith("Earlier messages")]
+    assert expander.label == "Earlier messages (1: system)" and system.strip() in expander.get("text")[0].value
+    assert any("reward **1.000**" in c.value for c in at.caption)
+    assert not any("{'role'" in str(getattr(e, "value", "")) for e in at.main)  # no raw JSON
