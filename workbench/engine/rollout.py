@@ -130,11 +130,58 @@ def _sampling_kwargs(temperature: float, top_p: float) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
 
 
+def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, P) prompt ids and mask -> the distinct (ids, mask) rows (U, P) each, and for every row
+    its distinct row's index (B,): rows[inverse] == the input. GRPO's G copies of a prompt are one
+    distinct row (same ids, same left padding)."""
+    P = input_ids.shape[1]
+    rows, inverse = torch.unique(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1), dim=0,
+                                 return_inverse=True)
+    return rows[:, :P], rows[:, P:].to(attention_mask.dtype), inverse
+
+
+#: Prompt tokens a shared prefill must save to be used: below this the extra forward call costs
+#: more than it saves (bench/generation_prefill_bench.py: the tiny model's 16 completions of 2
+#: prompts save ~70 tokens and generate 1.07x slower; SmolLM2's chat prompts save ~1,500 tokens
+#: and generate in 0.68x the time).
+SHARED_PREFILL_MIN_TOKENS = 256
+
+
+def shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                        min_saved_tokens: int = SHARED_PREFILL_MIN_TOKENS):
+    """The KV cache of the B left-padded prompts' first P - 1 positions, computed ONCE per distinct
+    prompt and expanded to the B rows (a transformers Cache), or None where it saves fewer than
+    ``min_saved_tokens`` prompt tokens ((B - distinct prompts) x (P - 1); none when no prompt
+    repeats or P < 2).
+
+    ``generate`` given this cache runs only the last prompt position and the new tokens: the
+    prefill of a group's G copies costs one copy's (G x fewer prompt tokens; TRL, verl and the
+    plain path prefill every copy). The last position is left to ``generate`` because it must
+    produce the first token's logits itself. Positions follow the mask as in ``generate``
+    (cumsum - 1 over left padding), so the cached keys / values equal the batched prefill's up
+    to float rounding (~1e-6 in fp32). input_ids, attention_mask: (B, P)."""
+    if input_ids.shape[1] < 2:
+        return None
+    ids, mask, inverse = distinct_rows(input_ids, attention_mask)
+    if ids.shape[0] == input_ids.shape[0] or (input_ids.shape[0] - ids.shape[0]) * (input_ids.shape[1] - 1) < min_saved_tokens:
+        return None
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                  use_cache=True).past_key_values
+    cache.reorder_cache(inverse.to(ids.device))  # index_select along the batch: (U, ...) -> (B, ...)
+    return cache
+
+
 @torch.no_grad()
 def hf_generate(model, tokenizer, prompts: list[Prompt], *, temperature: float, top_p: float, max_new_tokens: int,
-                seed: int, system_prompt: str | None = None, max_prompt_length: int | None = None) -> Rollout:
+                seed: int, system_prompt: str | None = None, max_prompt_length: int | None = None,
+                share_prefill: bool = True, min_saved_tokens: int = SHARED_PREFILL_MIN_TOKENS) -> Rollout:
     """transformers ``generate`` with KV cache and left padding; sampled with a seeded generator
-    (greedy when ``temperature == 0``; its log-probs are then those of temperature 1)."""
+    (greedy when ``temperature == 0``; its log-probs are then those of temperature 1).
+    ``share_prefill``: repeated prompts are prefilled once where that saves at least
+    ``min_saved_tokens`` prompt tokens (``shared_prompt_cache``); the random
+    draws are the same (one batch of B rows), so the completions are those of the plain path
+    unless a float-rounding difference of ~1e-6 moves a sampling boundary."""
     input_ids, attention_mask, n_truncated = encode_batch(
         tokenizer, prompts, system_prompt=system_prompt, max_prompt_length=max_prompt_length)
     device = next(model.parameters()).device
@@ -143,9 +190,11 @@ def hf_generate(model, tokenizer, prompts: list[Prompt], *, temperature: float, 
     torch.manual_seed(seed)
     was_training = model.training
     model.eval()
+    cache = shared_prompt_cache(model, input_ids, attention_mask, min_saved_tokens=min_saved_tokens) if share_prefill else None
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
+        past_key_values=cache,
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=stop_ids,
