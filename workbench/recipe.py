@@ -375,9 +375,11 @@ class Eval(_Section):
 
     every: int = Field(0, ge=0, le=MAX_STEPS)
     """Evaluate every N steps (0 = off): at step 0 (the untrained policy), every N steps, and the final policy in the last step's line (eval/updates says how many updates the evaluated policy had)."""
-    num_prompts: int = Field(32, ge=1, le=MAX_EVAL_PROMPTS)
-    """Held-out prompts: reasoning-gym's eval split, prompts of a built-in task that training never sees, or the first rows of eval.dataset."""
-    pass_k: int = Field(4, ge=1, le=MAX_GENERATIONS)
+    # An evaluation generates num_prompts x (1 + pass_k) completions: the defaults, 8 x (1 + 3) = 32, cost
+    # one default step's generation (4 prompts x G = 8), so eval every N steps adds ~1/N to a run.
+    num_prompts: int = Field(8, ge=1, le=MAX_EVAL_PROMPTS)
+    """Held-out prompts: reasoning-gym's eval split, prompts of a built-in task that training never sees, or the first rows of eval.dataset. One evaluation generates num_prompts x (1 + pass_k) completions (the defaults: 32, one default step's); more prompts narrow the figures' noise (pass@1's standard error is up to 0.5 / sqrt(num_prompts))."""
+    pass_k: int = Field(3, ge=1, le=MAX_GENERATIONS)
     """k of pass@k: k completions per prompt at eval.temperature; correct if any is (the greedy completion gives pass@1)."""
     temperature: float = Field(1.0, gt=0, le=MAX_TEMPERATURE)
     """Sampling temperature of the pass@k completions (greedy decoding for pass@1). Completions are at most sampling.max_completion_length tokens."""
