@@ -70,18 +70,17 @@ def _checkpointing(module) -> bool:
 def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, keep_only: bool = True) -> torch.Tensor:
     """Logits that predict each completion token, (B, T, V): those at positions P - 1 .. P + T - 2.
 
-    ``keep_only`` (models whose forward takes ``logits_to_keep``): the last completion token is
-    not fed (it predicts nothing used) and the LM head runs at the T kept positions only, not at
-    all P + T (at P = 111, T = 44 on SmolLM2 the head is ~1/5 of the model's FLOPs per position).
-    The causal mask makes the kept positions' values those of the full forward. Else: the full
-    forward, sliced."""
+    ``keep_only`` (models whose forward takes ``logits_to_keep``): the LM head runs at the last
+    T + 1 positions only (the very last predicts nothing used and is dropped), not at all P + T
+    (at P = 111, T = 44 on SmolLM2 the head is ~1/5 of the model's FLOPs per position). The
+    decoder sees the same input as the full forward, so the kept logits are its numbers exactly
+    (feeding one token less would change the attention kernels' shapes and round differently).
+    Else: the full forward, sliced."""
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    if keep_only and _accepts(model, "logits_to_keep"):
-        input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, completion_ids[:, : T - 1], completion_mask[:, : T - 1])
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T).logits
+    keep = {"logits_to_keep": T + 1} if keep_only and _accepts(model, "logits_to_keep") else {}
     input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    return logits[:, P - 1 : P - 1 + T]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **keep).logits
+    return logits[:, :T] if keep else logits[:, P - 1 : P - 1 + T]
 
 
 def prompt_groups(prompt_ids, prompt_mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
