@@ -1,4 +1,10 @@
-"""Forward passes over prompt + completion: per-token log-probs, entropy, values."""
+"""Forward passes over prompt + completion: per-token log-probs, entropy, values.
+
+Two levers keep them from computing what is not used (issue 20; bench/forward_bench.py):
+logits only at completion positions (``logits_to_keep``) with the log-softmax / entropy taken in
+row chunks, and the shared-prefix forward (``train.shared_prefix``), which runs each distinct
+prompt of a micro-batch once and its G completions against the prompt's cached keys / values.
+Both give the plain forward's numbers (tests/engine/test_forward_prefix.py)."""
 
 from __future__ import annotations
 
@@ -113,7 +119,10 @@ def _prefix_then_completion(call, prompt_ids, prompt_mask, completion_ids, compl
     ``call(model_kind, **inputs)`` runs the model: ``"prompt"`` or ``"completion"``; ``last``
     holds the keyword asking for the output at the prompt's last position. Returns (prompt
     output at its last position indexed to rows, completion output over completion positions
-    0 .. T - 2, or None when T = 1); each output is what ``call`` returns."""
+    0 .. T - 2, or None when T = 1); each output is what ``call`` returns.
+
+    Dropout (LoRA dropout > 0) then draws one mask per prompt, shared by its rows, where the
+    plain forward draws one per row: both unbiased, not the same random numbers."""
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
     u_ids, u_mask, inverse = prompt_groups(prompt_ids, prompt_mask)
     u_pos = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
