@@ -312,6 +312,8 @@ class Train(_Section):
     """torch threads per CPU process (on 2 cores, 1 is fastest for generation); at most the CPUs of the machine it runs on."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers gradient_checkpointing_enable, use_reentrant=False, as TRL): activation memory ~1/num_layers for ~30% more compute; same loss and gradients."""
+    shared_prefix: bool = True
+    """Training, old / reference log-prob and critic forwards run each distinct prompt once per micro-batch and its completions against its cached keys / values (the idea of Prefix Grouper, 2025; TRL and verl repeat the prompt per completion): prompt tokens cost ~1/G. Same log-probs, losses and gradients as the repeated-prompt forward up to float rounding (1e-5 in fp32). Falls back to the plain forward under gradient checkpointing, for models without a KV cache, and when every prompt of a micro-batch is unique. false = the plain forward."""
 
     @property
     def single_pass(self) -> bool:

@@ -323,7 +323,8 @@ class SameBatchLens:
                 for point in ("before", "after"):
                     if point == "after":
                         vector_to_parameters(after, params)
-                    logp, entropy = logprobs_and_entropy(model, batch, r.sampling.temperature, entropy_grad=coef > 0)
+                    logp, entropy = logprobs_and_entropy(model, batch, r.sampling.temperature, entropy_grad=coef > 0,
+                                                          shared_prefix=r.train.shared_prefix)
                     if point == "before":  # the run's ratio denominator at theta_before, kept for theta_after
                         old = logp.detach() if r.train.single_pass or batch.old_logp is None else batch.old_logp
 

@@ -351,7 +351,7 @@ class Trainer:
                                    task.correct_reward if task else None, rank=self.rank, world=self.world) if eval_rows else None
         self.critic = None
         if r.algorithm.critic:
-            critic = ValueModel(acc.unwrap_model(self.policy)).to(acc.device)
+            critic = ValueModel(acc.unwrap_model(self.policy), shared_prefix=r.train.shared_prefix).to(acc.device)
             copt = torch.optim.AdamW(trainable_parameters(critic), lr=r.optim.critic_lr or r.optim.lr, betas=r.optim.betas)
             self.critic, self.critic_optimizer = acc.prepare(critic, copt)
         if r.train.staleness:
@@ -515,10 +515,10 @@ class Trainer:
         needs_old = not r.train.single_pass or self.reference is not None or correct or self.teacher is not None
         sum_pi_squared = None
         if policy_stats:
-            old_logp, sum_pi_squared = logprobs_and_sum_pi_squared(self.policy, out, r.sampling.temperature)
+            old_logp, sum_pi_squared = logprobs_and_sum_pi_squared(self.policy, out, r.sampling.temperature, r.train.shared_prefix)
         else:
-            old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False)[0] if needs_old else None
-        ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False)[0] if self.reference is not None else None
+            old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False, shared_prefix=r.train.shared_prefix)[0] if needs_old else None
+        ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False, shared_prefix=r.train.shared_prefix)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
         kl = kl_per_token(a.kl_estimator, old_logp, ref_logp, mask) if ref_logp is not None else None
 
@@ -552,7 +552,7 @@ class Trainer:
         the same completions, both at the sampling temperature (slime scores the teacher at the
         rollout temperature; tinker at 1, the same at temperature 1). Sets ``distill/*`` metrics."""
         r = self.recipe
-        teacher_logp = logprobs_and_entropy(self.teacher, out, r.sampling.temperature, False)[0]
+        teacher_logp = logprobs_and_entropy(self.teacher, out, r.sampling.temperature, False, shared_prefix=r.train.shared_prefix)[0]
         g_student, g_teacher = self.ranks.gather(old_logp), self.ranks.gather(teacher_logp)
         self.distill_metrics = {k: float(v) for k, v in distillation_metrics(g_student, g_teacher, g_mask).items()}
         self.distill_inputs = {"shaping": "opd", "student_logp": g_student, "teacher_logp": g_teacher, "mask": g_mask}
@@ -578,7 +578,8 @@ class Trainer:
         r = self.recipe
         a = r.algorithm
         entropy_coef = self.entropy_coef_now()
-        logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=entropy_coef > 0)
+        logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=entropy_coef > 0,
+                                              shared_prefix=r.train.shared_prefix)
         old = logp.detach() if r.train.single_pass else mb.old_logp
         obj = self.run_objective(mb, logp, entropy, old, entropy_coef=entropy_coef, num_tokens=num_tokens, num_seqs=num_seqs)
         scale = float(self.world)  # DDP averages gradients over ranks; undo it
