@@ -32,7 +32,7 @@ from workbench.core import (
 from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig
 from workbench.recipe import Algorithm, Sampling, Teacher, load_recipe
 from workbench.ui.labs import page_title, page_url
-from workbench.ui.labs._shared import launch_button
+from workbench.ui.labs._shared import launch_button, show_table
 from workbench.viz import lab_estimators as viz
 from workbench.viz import lab_regions
 
@@ -86,7 +86,7 @@ def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
         return [], False
     # the format of a run's Samples table (compare page), so the same rewards read the same there
     advantage = st.column_config.NumberColumn(format="%+.3f")
-    st.dataframe(table, hide_index=True, key=f"{w.key}_adv_table",
+    show_table(table, key=f"{w.key}_adv_table",
                  column_config={v.label: advantage for v in viz.SEQUENCE_VARIANTS})
     st.plotly_chart(viz.advantages_figure(table), key=f"{w.key}_adv_fig")
     # G = 1 is the recipe's to refuse (group estimators need a baseline; PPO with GAE does not)
@@ -105,7 +105,7 @@ def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
     except ValueError as err:
         st.error(str(err))
         return [], False
-    st.dataframe(table, hide_index=True, key=f"{w.key}_gae_table")
+    show_table(table, key=f"{w.key}_gae_table")
     st.plotly_chart(viz.gae_figure(table), key=f"{w.key}_gae_fig")
     st.caption("lambda = 0: one-step TD error (low variance, biased by the critic); lambda = 1: Monte Carlo return minus V.")
     st.markdown("**The same sequence-level rewards through every estimator**")
@@ -134,7 +134,7 @@ def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
     except ValueError as err:
         st.error(str(err))
         return [], False
-    st.dataframe(table, hide_index=True, key=f"{w.key}_pg_table")
+    show_table(table, key=f"{w.key}_pg_table")
     st.plotly_chart(viz.policy_gradient_figure(table), key=f"{w.key}_pg_fig")
     st.caption("PPO clip zeroes the gradient of each token outside its trust region; GSPO clips the whole sequence on "
                "its geometric-mean ratio s (one outlier token moves s only by 1/|o|); CISPO clips the weight but every "
@@ -168,12 +168,12 @@ def _biases(w: Walkthrough) -> None:
                     "group only 0.50, against 0.87 in a balanced group. And the std cancels the scale: rewards "
                     "0.1, 0, 0, 0 give the same 1.5 as 1, 0, 0, 0, so a tiny (perhaps noisy) reward difference is "
                     "pushed as hard as a real one. Dr. GRPO keeps the scale (0.075 against 0.75):")
-        st.dataframe(viz.std_bias_example(), hide_index=True, key=f"{w.key}_std_bias")
+        show_table(viz.std_bias_example(), key=f"{w.key}_std_bias")
     if "length" in biases:
         st.markdown("**Length bias of per-sequence averaging.** A correct 4-token answer (+A) and a wrong 7-token answer "
                     "(-A): under seq-mean-token-mean each token of the long wrong answer is pushed down less, so long wrong "
                     "answers are penalised less and lengths grow:")
-        st.dataframe(viz.length_bias_example(), hide_index=True, key=f"{w.key}_len_bias")
+        show_table(viz.length_bias_example(), key=f"{w.key}_len_bias")
 
 
 def render_walkthrough(key: str) -> None:
@@ -314,7 +314,7 @@ def _advantage_example(name: str, knobs: dict[str, Any]) -> list[str]:
     given = {k: viz.parse_numbers(v, k) for k, v in extra.items()}
     cfg = AdvantageConfig(group_size=G, **knobs)
     table = viz.advantage_example(name, rewards, lengths, cfg, **given)
-    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    show_table(table, key=f"wt_{name}_example")
     st.caption(f"`compute_advantages({name!r}, rewards, mask, {cfg})` on these completions (A_t: advantage of token "
                "t, R_t: returns where they differ; empty cells are padding). The in-reward KL is off here.")
     return [f"sampling.num_generations={G}"]
@@ -331,8 +331,8 @@ def _policy_loss_example(name: str, e: Spec, knobs: dict[str, Any]) -> list[str]
         raise ValueError("log-ratios is empty: give one line of comma-separated numbers per sequence")
     cfg = PolicyLossConfig(**knobs)
     table, metrics = viz.policy_loss_example(name, seqs, viz.parse_numbers(atext, "advantages"), cfg)
-    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
-    st.dataframe([{"metric": k, "value": v} for k, v in metrics.items()], hide_index=True, key=f"wt_{name}_metrics")
+    show_table(table, key=f"wt_{name}_example")
+    show_table([{"metric": k, "value": v} for k, v in metrics.items()], key=f"wt_{name}_metrics")
     st.caption(f"`compute_policy_loss({name!r}, logp, old_logp, A, mask, cfg)`, every pi_old = {viz.EXAMPLE_OLD_PROB}; "
                "the gradient by autograd, per token, before aggregation.")
     if e.ratio_curve:
@@ -351,7 +351,7 @@ def _shaping_example(name: str, knobs: dict[str, Any]) -> list[str]:
     ttext = c3.text_input("Teacher log pi_T(o_t)", "-0.4, -0.2, -3.0, -1.0", key=f"wt_{name}_teacher")
     table = viz.shaping_example(name, viz.parse_numbers(atext, "advantages"), viz.parse_numbers(stext, "student log-probs"),
                                 viz.parse_numbers(ttext, "teacher log-probs"), DistillationConfig(**knobs))
-    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    show_table(table, key=f"wt_{name}_example")
     st.caption(f"`shape_advantages({name!r}, A, student_logp, teacher_logp, mask, {DistillationConfig(**knobs)})` "
                "on one completion: d = student - teacher, A' the advantage the policy loss sees.")
     return []
@@ -393,7 +393,7 @@ def render_component(family: str, name: str) -> None:
     if e.frameworks:
         st.markdown(f"**In the frameworks.** {e.frameworks}")
     if e.knobs:
-        st.dataframe(knobs_table(family, e), hide_index=True, key=f"wt_{name}_knobs")
+        show_table(knobs_table(family, e), key=f"wt_{name}_knobs")
     if e.notes:
         st.markdown("**Known biases and notes**\n" + "\n".join(f"- {n}" for n in e.notes))
     with st.expander("The implementation the engine trains with (inspect.getsource)"):
