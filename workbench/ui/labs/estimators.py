@@ -230,6 +230,12 @@ def knob_meaning(key: str) -> str:
     return (info.description or "") if info else ""
 
 
+def knob_text(k: Knob) -> str:
+    """What a knob does, as the spec that lists it says (GMPO's eps bounds the log-ratio, PPO's
+    the ratio: one field, each loss's own text), else the recipe field's description."""
+    return k.help or knob_meaning(k.field)
+
+
 def _knob_for(family: str, name: str) -> Knob:
     """The family's knob setting config attribute ``name`` (a name no spec lists: algorithm.<name>)."""
     known = {k.name: k for k in FAMILIES[family].knobs()}
@@ -254,7 +260,7 @@ def knobs_table(family: str, e: Spec) -> list[dict]:
     preset's recipe, e.g. group_size = its num_generations), not the config class's bare default."""
     start = knob_start(family, e)
     return [{"knob": k.name, "recipe key": k.field, "value": str(getattr(start, k.name)),
-             "what it does": k.help or knob_meaning(k.field)} for k in e.knobs]
+             "what it does": knob_text(k)} for k in e.knobs]
 
 
 def _parse_optional(text: str, kind: type, label: str):
@@ -286,17 +292,17 @@ def _knob_widgets(family: str, name: str, e: Spec) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for col, k in zip(st.columns(max(len(knobs), 1)), knobs):
         knob = k.name
-        f, key, value = fields[knob], f"wt_{name}_{knob}", getattr(start, knob)
+        f, key, value, text = fields[knob], f"wt_{name}_{knob}", getattr(start, knob), knob_text(k)
         if k.choices:
-            values[knob] = col.selectbox(knob, k.choices, index=k.choices.index(value), key=key)
+            values[knob] = col.selectbox(knob, k.choices, index=k.choices.index(value), key=key, help=text)
         elif isinstance(f.default, bool):
-            values[knob] = col.checkbox(knob, value=value, key=key)
+            values[knob] = col.checkbox(knob, value=value, key=key, help=text)
         elif f.default is None:
             kind = int if "int" in str(f.type) else float
             shown = "" if value is None else str(value)
-            values[knob] = _parse_optional(col.text_input(knob, shown, key=key, placeholder="none"), kind, knob)
+            values[knob] = _parse_optional(col.text_input(knob, shown, key=key, placeholder="none", help=text), kind, knob)
         else:
-            values[knob] = col.number_input(knob, value=float(value), format="%g", key=key)
+            values[knob] = col.number_input(knob, value=float(value), format="%g", key=key, help=text)
     return values
 
 
