@@ -61,3 +61,19 @@ def test_every_loss_pages_knob_text_is_its_specs_own(home):
                 assert words in knob_text(k), (name, k.name)
     assert all("cap C of the detached ratio" in knob_text(k) for n in ("dppo_tv", "dppo_kl")
                for k in specs[n].knobs if k.name == "clip_c")
+
+
+def test_every_hidden_lab_page_is_linked_from_the_walkthrough_that_stands_for_it(home):
+    """The duplicate "Walkthrough: GRPO" / "Estimator walkthrough: GRPO" entries were merged: the
+    registry walkthrough left the sidebar and each preset walkthrough of its spec links to it."""
+    from workbench.ui.labs import LABS
+
+    hidden = {p.url for p in LABS if p.hidden}
+    linked = set()
+    for p in LABS:
+        if p.url.startswith("walkthrough-") and not p.hidden and not p.url.startswith(("walkthrough-adv-", "walkthrough-loss-",
+                                                                                        "walkthrough-shaping-")):
+            at = lab(p.url).run()
+            assert not at.exception, (p.url, at.exception)
+            linked |= {link.proto.page.strip("/") for link in at.get("page_link")}
+    assert hidden and hidden <= linked

@@ -31,8 +31,9 @@ from workbench.core import (
 )
 from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig
 from workbench.recipe import Algorithm, Sampling, Teacher, load_recipe
-from workbench.ui.labs import page_title, page_url
+from workbench.ui.labs import merged_into, page_title, page_url
 from workbench.ui.labs._shared import launch_button, show_table
+from workbench.ui.nav import page as nav_page
 from workbench.viz import lab_estimators as viz
 from workbench.viz import lab_regions
 
@@ -185,6 +186,9 @@ def render_walkthrough(key: str) -> None:
     aggregation = LOSS_AGGREGATIONS.get(load_recipe(w.preset).algorithm.aggregation)  # the preset's, by name
     with st.expander("The implementation the engine trains with (inspect.getsource)"):
         st.code(viz.source_of(*dict.fromkeys((*w.functions, aggregation))), language="python")
+    if owner := merged_into(key):  # the registry walkthrough this page stands for in the navigation
+        st.page_link(nav_page(page_url(*owner)), label=f"{page_title(*owner)}: its knobs and a per-token worked example",
+                     icon=":material/arrow_forward:")
     overrides, launchable = INPUT_BLOCKS[w.inputs](w)
     _biases(w)
     st.subheader("Try it")
