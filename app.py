@@ -1,6 +1,6 @@
 """Streamlit entry point: ``streamlit run app.py``. Pages live in ``workbench/ui``.
 
-The sidebar holds the navigation (Workbench, Labs) and the sign-in form; a background
+The sidebar holds the navigation (Workbench, then the labs by section) and the sign-in form; a background
 collector thread keeps the run store in step with running runs while the app is up.
 """
 
@@ -11,7 +11,7 @@ from workbench.ui import auth
 from workbench.ui.nav import navigation
 
 st.set_page_config(page_title="RL Workbench", page_icon=":material/science:", layout="wide")
-page = st.navigation(navigation())
+page = st.navigation(navigation(), expanded=True)  # every section in full: a learner sees the path
 auth.sidebar()
 wr.ensure_collector()
 page.run()

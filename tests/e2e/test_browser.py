@@ -214,3 +214,33 @@ def test_arms_view_draws_bands_and_the_verdict(browser_page, server, store, e2e_
     verdict.scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     page.screenshot(path=str(screenshots / "verdict.png"))
+
+
+def test_sidebar_groups_the_labs_and_reaches_every_lab_page(browser_page, server):
+    """The sidebar showed 5 of 34 labs ("View 29 more") in one list. Now: the sections in the
+    learner's order, every listed lab a sidebar link, no "View more", and each page merged out of
+    the sidebar linked from the walkthrough that stands for it; a link opens its page."""
+    from workbench.ui.labs import LABS, SECTIONS
+
+    page = browser_page
+    page.goto(f"{server}/lab-kl")
+    nav = page.get_by_test_id("stSidebarNav")
+    nav.get_by_test_id("stNavSectionHeader").first.wait_for()
+    headers = [h.strip() for h in nav.get_by_test_id("stNavSectionHeader").all_inner_texts()]
+    assert headers == ["Workbench", *SECTIONS]
+    assert page.get_by_test_id("stSidebarNavViewButton").count() == 0
+    hrefs = {h.rstrip("/").rsplit("/", 1)[-1] for h in nav.locator("a").evaluate_all("as => as.map(a => a.href)")}
+    assert {p.url for p in LABS if not p.hidden} <= hrefs
+    assert not {p.url for p in LABS if p.hidden} & hrefs
+    nav.locator('a[href$="/walkthrough-loss-gmpo"]').click()
+    main = page.get_by_test_id("stMain")
+    wait_until(lambda: "Loss walkthrough: GMPO" in main.get_by_role("heading").first.inner_text(), 60, "the GMPO page", page=page)
+    hidden = {p.url for p in LABS if p.hidden}
+    linked = set()
+    for p in LABS:
+        if p.title.startswith("Walkthrough: "):
+            page.goto(f"{server}/{p.url}")
+            link = page.get_by_test_id("stPageLink").first
+            link.wait_for()
+            linked.add(link.locator("a").get_attribute("href").rstrip("/").rsplit("/", 1)[-1])
+    assert linked == hidden

@@ -15,10 +15,18 @@ def test_app_opens_on_launch_with_every_section(home):
     from workbench.ui.nav import page_specs
 
     sections = page_specs()
-    assert list(sections) == ["Workbench", "Labs"]  # the estimator walkthroughs (Labs) replaced "Learn"
+    # the labs grouped in the order a learner takes them (one "Labs" list showed 5 of 34, "View 29 more")
+    assert list(sections) == ["Workbench", "Concepts", "Estimators", "Losses", "Experiments"]
     assert [p.title for p in sections["Workbench"]] == ["Launch", "Runs", "Live / Compare", "Export", "Settings"]
     assert [p.url_path for p in sections["Workbench"]] == ["launch", "runs", "compare", "export", "settings"]
-    assert [p.title for p in sections["Labs"]] == [title for _, title, _ in LAB_PAGES]
+    labs = [p for name, pages in sections.items() if name != "Workbench" for p in pages]
+    assert sorted(p.url_path for p in labs) == sorted(url for _, _, url in LAB_PAGES)  # every lab page, once
+    assert [p.url_path for p in sections["Experiments"]] == ["lab-lens", "lab-experiments"]
+    listed = [p.title for p in sections["Estimators"] if not p.hidden]
+    assert listed.count("GRPO") == 1 and listed[:2] == ["GRPO", "Dr. GRPO"]  # no second "Estimator walkthrough: GRPO"
+    hidden = {p.url_path for p in labs if p.hidden}
+    assert hidden == {"walkthrough-adv-grpo", "walkthrough-adv-rloo", "walkthrough-adv-reinforce-pp", "walkthrough-adv-gae",
+                      "walkthrough-loss-gspo", "walkthrough-loss-cispo"}
 
 
 def test_the_app_opens_without_importing_torch(home):

@@ -283,6 +283,11 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     sit_out = CRITIC_ESTIMATORS | BASELINE_ESTIMATORS | POLICY_STAT_ESTIMATORS
     rows = [k for k, (name, _) in lens_estimators().items() if name not in sit_out]
     assert {"opo", "grpo_passk"} <= set(rows)
+    # 121 lines were unreadable: the top 8 by |value| (the run's own among them) until "all" is chosen
+    assert len(fig["data"]) == 8 and any(t["name"].endswith("(this run)") for t in fig["data"])
+    assert any(c.value.startswith(f"8 of {len(rows) * len(POLICY_LOSSES)} estimator x loss lines") for c in at.caption)
+    at.segmented_control(key="lens_top").set_value("all").run()
+    fig = chart(at, "lens_over_run")
     assert len(fig["data"]) == len(rows) * len(POLICY_LOSSES)
     rloo = next(t for t in fig["data"] if t["name"] == "rloo x clip")
     assert values(rloo["x"]) == [0, 1, 2]
@@ -299,6 +304,22 @@ def test_lens_lab_plots_the_runs_lens(lab_home):
     np.testing.assert_allclose(values(dr["y"]), values(rl["y"]), atol=1e-2, equal_nan=True)
     heat = chart(at, "lens_heatmap")["data"][0]
     assert heat["x"] == list(POLICY_LOSSES.names()) and heat["y"] == rows
+
+
+def test_lens_lab_opens_on_the_newest_run_with_lens_data(lab_home):
+    """It opened on the newest run, which usually has the lens off ("This run has no lens events")."""
+    store, run_id = lab_home
+    from workbench.runs import cancel, launch
+
+    newer = launch(load_recipe("grpo", ["train.steps=3", "logging.lens_every=0"]), target="local",
+                   principal=local_principal(), store=store)
+    try:
+        assert store.list_runs().sort_values("created_at")["id"].iloc[-1] == newer
+        at = lab("lab-lens").run()
+        assert not at.exception
+        assert at.selectbox(key="lens_run").value == run_id and chart(at, "lens_heatmap")
+    finally:
+        cancel(newer, principal=local_principal(), store=store)
 
 
 def test_lens_lab_shows_the_run_it_just_launched(lab_home):

@@ -26,6 +26,7 @@ def test_lens_lab_shows_the_opd_shaped_row_of_a_teacher_run(teacher_run):
     at = lab("lab-lens").run()
     at.selectbox(key="lens_run").select(run_id).run()
     assert not at.exception
+    at.segmented_control(key="lens_top").set_value("all").run()  # the top 8 lines by default
     names = {t["name"] for t in chart(at, "lens_over_run")["data"]}
     assert "grpo + opd x clip (this run)" in names and "grpo x clip" in names
     assert {f"grpo + opd x {loss}" for loss in POLICY_LOSSES.names() if loss != "clip"} <= names

@@ -4,6 +4,8 @@ name, in registry order, and their knobs: ``KNOBS`` declares every ``PolicyLossC
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .rules import at_ratio_one, single_pass
 from .spec import MAX_COEF, MAX_SEED, Knob, RecipeData, Spec, Walkthrough, by_name, setting
 
@@ -67,9 +69,49 @@ K = KNOBS
 TRUST_REGION = (K["eps_low"], K["eps_high"], K["clip_c"], K["delta"])
 CLIP_FIELDS = tuple(k.field for k in TRUST_REGION)
 VESPO_KNOBS = (K["vespo_k_pos"], K["vespo_lambda_pos"], K["vespo_k_neg"], K["vespo_lambda_neg"])
+
+
+def _reads_as(knob: Knob, help_: str) -> Knob:
+    """``knob`` as one loss reads it: the same recipe field, bounds and default, this loss's own
+    text. GMPO's eps bounds the log-ratio and DPPO's the probability's move, not the ratio the
+    shared text (PPO's) describes; the walkthrough shows each spec's own knob text."""
+    return replace(knob, help=help_)
+
+
+GMPO_KNOBS = (
+    _reads_as(K["eps_low"], "GMPO: lower clip of each token's log-ratio log(pi/pi_old) at -eps_low (the log-ratio, "
+              "not the ratio): an A < 0 token below it gets no gradient. The paper's 0.4 keeps the ratio above e^-0.4."),
+    _reads_as(K["eps_high"], "GMPO: upper clip of each token's log-ratio log(pi/pi_old) at +eps_high (the log-ratio, "
+              "not the ratio): an A > 0 token above it gets no gradient. The paper's 0.4 keeps the ratio below e^0.4."),
+)
 # DPPO (TV and KL): thresholds on the probability's move, and the cap C of the detached ratio.
-DPPO_KNOBS = (K["eps_low"], K["eps_high"], K["clip_c"])
-DPPO_AT_RATIO_ONE = at_ratio_one(*(k.field for k in DPPO_KNOBS), what="no probability moves and the cap never bites")
+DPPO_CAP = _reads_as(K["clip_c"], "DPPO: the cap C of the detached ratio, sg(min(rho, C)), that weights each valid "
+                     "token's gradient (truncated IS, verl clip_ratio_c); none = 3, verl's default; the dppo preset's "
+                     "1e4 = no truncation. It clips no ratio and no loss.")
+DPPO_TV_KNOBS = (
+    _reads_as(K["eps_low"], "DPPO (TV): how far an A <= 0 token's probability may fall, p - p_old >= -eps_low; past "
+              "it the token gets no gradient (a bound on the probability difference, not the ratio; paper 0.15)."),
+    _reads_as(K["eps_high"], "DPPO (TV): how far an A > 0 token's probability may rise, p - p_old <= eps_high; past "
+              "it the token gets no gradient (a bound on the probability difference, not the ratio; paper 0.15)."),
+    DPPO_CAP,
+)
+DPPO_KL_KNOBS = (
+    _reads_as(K["eps_low"], "DPPO (KL): the binary KL(p_old || p) an A <= 0 token whose probability fell may reach; "
+              "past it the token gets no gradient (a bound on the divergence of the probabilities, not the ratio; "
+              "paper 0.05)."),
+    _reads_as(K["eps_high"], "DPPO (KL): the binary KL(p_old || p) an A > 0 token whose probability rose may reach; "
+              "past it the token gets no gradient (a bound on the divergence of the probabilities, not the ratio; "
+              "paper 0.05)."),
+    DPPO_CAP,
+)
+CISPO_KNOBS = (
+    _reads_as(K["eps_low"], "CISPO: lower bound 1 - eps_low of the detached importance weight (relative bounds; "
+              "unread with absolute ones). The token keeps its gradient: only its weight is clipped."),
+    _reads_as(K["eps_high"], "CISPO: upper bound of the detached importance weight, 1 + eps_high (relative, verl) or "
+              "eps_high itself (absolute, TRL epsilon_high ~5). The token keeps its gradient: only its weight is clipped."),
+    K["cispo_bounds"],
+)
+DPPO_AT_RATIO_ONE = at_ratio_one(*(k.field for k in DPPO_TV_KNOBS), what="no probability moves and the cap never bites")
 
 
 def _cispo_at_ratio_one(data: RecipeData) -> dict[str, str]:
@@ -116,7 +158,7 @@ SPECS: dict[str, Spec] = by_name(
          (r"\ell_t = -\operatorname{sg}\big(\operatorname{clip}(\rho_t, 1-\varepsilon_{low}, 1+\varepsilon_{high})\big) A_t \log\pi_\theta(o_t)",),
          "Clip the importance weight, not the update: every token keeps a gradient (MiniMax-M1, 2025).",
          "TRL loss_type='cispo' (absolute cap epsilon_high); verl-style relative bounds (cispo_bounds).",
-         (K["eps_low"], K["eps_high"], K["cispo_bounds"]), ("The weight is biased (truncated IS) but bounded.",),
+         CISPO_KNOBS, ("The weight is biased (truncated IS) but bounded.",),
          preset="cispo", level="token", ratio_curve=True, inert_when=_cispo_at_ratio_one,
          walkthroughs=(Walkthrough("cispo", "CISPO", "cispo", "Clip the importance weight, not the update: every token "
                                    "keeps a gradient (MiniMax-M1, 2025).", inputs="ratios"),)),
@@ -142,7 +184,7 @@ SPECS: dict[str, Spec] = by_name(
           r"\ell_i = -A_i \exp\Big(\frac{1}{|o_i|}\sum_t \tilde l_t\Big)"),
          "GRPO averages token ratios arithmetically, so one outlier ratio dominates; the geometric mean of "
          "log-clipped ratios is robust to it and allows a wider clip (Zhao et al. 2025).",
-         "verl policy_loss geo_mean.", (K["eps_low"], K["eps_high"]),
+         "verl policy_loss geo_mean.", GMPO_KNOBS,
          ("eps bounds the log-ratio: the paper's 0.4 keeps the ratio in [e^-0.4, e^0.4].",
           "verl averages per sequence: aggregate with seq-mean-token-mean for its number."),
          preset="gmpo", ratio_curve=True,
@@ -153,7 +195,7 @@ SPECS: dict[str, Spec] = by_name(
          "A trust region on the change of the token's probability, not its ratio: 1e-5 -> 1e-3 (ratio 100) is a tiny "
          "move, 0.99 -> 0.8 a large one.",
          "verl policy_loss dppo_tv (clip_ratio_low / _high are the TV threshold, clip_ratio_c the ratio cap C).",
-         DPPO_KNOBS,
+         DPPO_TV_KNOBS,
          ("The region depends on p_old, not only on the ratio: no single ratio curve.",
           "The paper's settings (verl example): TV 0.15, C = 10000 (no truncation), Dr. GRPO advantages and "
           "seq-mean-token-sum-norm, several mini-batches per rollout batch: the dppo preset."), preset="dppo",
@@ -163,7 +205,7 @@ SPECS: dict[str, Spec] = by_name(
          (r"\mathrm{KL}_b = p^{old}\log\frac{p^{old}}{p} + (1-p^{old})\log\frac{1-p^{old}}{1-p}",
           r"\text{valid}_t:\ \mathrm{KL}_b \le \varepsilon \text{ or } p \text{ moved against } A"),
          "As DPPO (TV) with the binary KL between the old and new probability of the sampled token.",
-         "verl policy_loss dppo_kl.", DPPO_KNOBS,
+         "verl policy_loss dppo_kl.", DPPO_KL_KNOBS,
          ("The region depends on p_old, not only on the ratio: no single ratio curve.",
           "The paper's KL threshold is 0.05 (verl example): the dppo preset with policy_loss=dppo_kl, eps 0.05."),
          level="token",

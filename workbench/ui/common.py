@@ -131,7 +131,9 @@ VERDICT_HELP = {
     "P(A > B)": "Probability of improvement: the share of seed pairs in which A beats B (ties 1/2).",
     "p (Welch)": "Two-sided Welch t-test of the difference.",
     "seeds needed": "Seeds per arm a two-sample t-test needs to detect the observed gap (alpha 0.05, power 0.8). "
-                    "A planning number, as noisy as the few-seed gap it starts from.",
+                    "A planning number, as noisy as the few-seed gap it starts from. '—' where there is no "
+                    "number: no gap between the means (nothing to detect, the power is undefined) or under 2 seeds "
+                    "in an arm.",
 }
 
 

@@ -14,6 +14,7 @@ class PageSpec(NamedTuple):
     title: str
     url_path: str
     icon: str | None = None
+    hidden: bool = False  # reachable by its address and by links, not listed in the sidebar
 
 
 def _render(module: str) -> Callable[[], None]:
@@ -25,9 +26,18 @@ def _render(module: str) -> Callable[[], None]:
     return render
 
 
+def lab_sections() -> dict[str, list[PageSpec]]:
+    """The labs' navigation sections, from their registry (``workbench.ui.labs.LABS``), in the
+    order a learner takes them (``SECTIONS``); each page under its sidebar label."""
+    from workbench.ui.labs import LABS, SECTIONS
+
+    sections = {section: [PageSpec(p.render, p.label, p.url, hidden=p.hidden) for p in LABS if p.section == section]
+                for section in SECTIONS}
+    return {section: pages for section, pages in sections.items() if pages}
+
+
 def page_specs() -> dict[str, list[PageSpec]]:
     """Navigation sections -> their pages, in order; the first page is the default."""
-    from workbench.ui.labs import LAB_PAGES
 
     sections = {
         "Workbench": [
@@ -38,14 +48,12 @@ def page_specs() -> dict[str, list[PageSpec]]:
             PageSpec(_render("settings_page"), "Settings", "settings", ":material/settings:"),
         ],
     }
-    labs = [PageSpec(fn, title, url) for fn, title, url in LAB_PAGES]
-    if labs:
-        sections["Labs"] = labs
-    return sections
+    return sections | lab_sections()
 
 
 def _page(spec: PageSpec) -> st.Page:
-    return st.Page(spec.render, title=spec.title, url_path=spec.url_path, icon=spec.icon)
+    return st.Page(spec.render, title=spec.title, url_path=spec.url_path, icon=spec.icon,
+                   visibility="hidden" if spec.hidden else "visible")
 
 
 def _home() -> None:

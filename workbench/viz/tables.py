@@ -8,7 +8,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.stats import PAIR_COLUMNS, arm_summary, final_window_scores, pairwise
+from workbench.analysis.stats import MAX_SEEDS_SEARCHED, PAIR_COLUMNS, arm_summary, final_window_scores, pairwise
 from workbench.analysis.window import DEFAULT_WINDOW_FRAC
 from workbench.viz.curves import progress, step_label
 
@@ -82,6 +82,20 @@ def interval_text(low: float, high: float) -> str:
     return "—" if not (np.isfinite(low) and np.isfinite(high)) else f"[{low:.3g}, {high:.3g}]"
 
 
+def seeds_needed_text(needed, effect_size: float, n_a: int, n_b: int) -> str:
+    """The "seeds needed" cell: the number, or why there is none ("None" said nothing). With
+    fewer than 2 seeds in an arm the spread (and d) is unknown; with no gap between the means
+    (d = 0, or 0 / 0 when no seed varies) there is no difference to detect and the power is
+    undefined at any n; otherwise the number is above the search's ``MAX_SEEDS_SEARCHED``."""
+    if not pd.isna(needed):
+        return str(int(needed))
+    if min(n_a, n_b) < 2:
+        return "— (needs 2 seeds per arm)"
+    if not effect_size > 0:  # 0 or NaN
+        return "— (no gap to detect)"
+    return f"> {MAX_SEEDS_SEARCHED:,}"
+
+
 class Verdict(NamedTuple):
     """The verdict table of one metric: per arm, per pair, and the final window's extent."""
 
@@ -119,5 +133,7 @@ def verdict(frame: pd.DataFrame, metric: str, window_frac: float = DEFAULT_WINDO
         "A": pairs["a"], "B": pairs["b"], "A − B": pairs["diff"].astype(float),
         "95% CI": [interval_text(lo, hi) for lo, hi in zip(pairs["diff_ci_low"], pairs["diff_ci_high"])],
         "P(A > B)": pairs["p_improvement"].astype(float), "p (Welch)": pairs["p_value"].astype(float),
-        "seeds needed": pairs["seeds_needed"].astype("Int64"), "verdict": pairs["verdict"]}, columns=PAIR_TABLE_COLUMNS)
+        "seeds needed": [seeds_needed_text(*row) for row in zip(pairs["seeds_needed"], pairs["effect_size"],
+                                                                  pairs["n_a"], pairs["n_b"])],
+        "verdict": pairs["verdict"]}, columns=PAIR_TABLE_COLUMNS)
     return Verdict(arms, pairs, _window_text(scores, window_frac))

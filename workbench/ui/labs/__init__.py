@@ -1,15 +1,20 @@
 """The labs: analytic views from the formulas next to what happened in real runs.
 
-``LAB_PAGES``: (render function, title, url path) for each lab page; app navigation turns them
-into ``st.Page`` entries of a "Labs" section. A lab's module (and with it torch, for the core's
-functions) is imported when its page is first opened, not when the navigation is built: the
-workbench pages never load torch (it made the first visit to Launch take ~8 s).
+``LABS``: the registry of lab pages, in the order a learner takes them, each with the navigation
+section it sits in (``SECTIONS``: concepts first, then the estimators, the losses, and the
+experiments on real runs), its sidebar label and its page title. A registered name whose spec
+carries preset walkthroughs (GRPO, RLOO, GSPO, ...) is listed once, by those walkthroughs; its
+registry walkthrough stays reachable by its address and by a link on them (``hidden``).
+``LAB_PAGES``: (render function, title, url path) of every lab page, hidden ones included.
+A lab's module (and with it torch, for the core's functions) is imported when its page is first
+opened, not when the navigation is built: the workbench pages never load torch (it made the
+first visit to Launch take ~8 s).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from workbench.algorithms import FAMILIES, names, walkthroughs
 
@@ -46,14 +51,47 @@ def _lazy(module: str, function: str = "render", *args: str) -> Callable[[], Non
 # estimators.render_component.
 REGISTERED_NAMES: dict[str, tuple[str, ...]] = {family: names(family) for family in COMPONENT_FAMILIES}
 
-LAB_PAGES: list[tuple[Callable[[], None], str, str]] = [
-    (_lazy("ppo_regions"), "PPO clip regions", "lab-ppo-regions"),
-    (_lazy("aggregation"), "Loss aggregation", "lab-aggregation"),
-    *[(_lazy("estimators", "render_walkthrough", key), f"Walkthrough: {title}", f"walkthrough-{key.replace('_', '-')}")
-      for key, title in WALKTHROUGH_TITLES.items()],
-    *[(_lazy("estimators", "render_component", family, name), page_title(family, name), page_url(family, name))
-      for family, names in REGISTERED_NAMES.items() for name in names],
-    (_lazy("kl"), "KL estimators", "lab-kl"),
-    (_lazy("lens"), "Same-batch lens", "lab-lens"),
-    (_lazy("experiments"), "Experiments", "lab-experiments"),
+
+class LabPage(NamedTuple):
+    render: Callable[[], None]
+    title: str  # the page's own title
+    url: str
+    section: str  # its navigation section (one of SECTIONS)
+    label: str  # its sidebar entry (the section already says what kind of page it is)
+    hidden: bool = False  # not listed: merged into the preset walkthroughs of the same spec
+
+
+# The navigation sections of the labs, in the order a learner takes them.
+SECTIONS: tuple[str, ...] = ("Concepts", "Estimators", "Losses", "Experiments")
+FAMILY_SECTIONS: dict[str, str] = {"advantage": "Estimators", "shaping": "Estimators", "policy_loss": "Losses"}
+
+
+def _family_pages(family: str) -> list[LabPage]:
+    """Every registered name of ``family``: its preset walkthroughs (if its spec carries any),
+    then its registry walkthrough, hidden when the preset walkthroughs stand for it."""
+    section, out = FAMILY_SECTIONS[family], []
+    for name in REGISTERED_NAMES[family]:
+        presets = [key for key, (owner, _) in walkthroughs().items() if (owner.family, owner.name) == (family, name)]
+        out += [LabPage(_lazy("estimators", "render_walkthrough", key), f"Walkthrough: {WALKTHROUGH_TITLES[key]}",
+                        f"walkthrough-{key.replace('_', '-')}", section, WALKTHROUGH_TITLES[key]) for key in presets]
+        out.append(LabPage(_lazy("estimators", "render_component", family, name), page_title(family, name),
+                           page_url(family, name), section, title_of(family, name), hidden=bool(presets)))
+    return out
+
+
+LABS: list[LabPage] = [
+    LabPage(_lazy("ppo_regions"), "PPO clip regions", "lab-ppo-regions", "Concepts", "PPO clip regions"),
+    LabPage(_lazy("aggregation"), "Loss aggregation", "lab-aggregation", "Concepts", "Loss aggregation"),
+    LabPage(_lazy("kl"), "KL estimators", "lab-kl", "Concepts", "KL estimators"),
+    *[page for family in COMPONENT_FAMILIES for page in _family_pages(family)],
+    LabPage(_lazy("lens"), "Same-batch lens", "lab-lens", "Experiments", "Same-batch lens"),
+    LabPage(_lazy("experiments"), "Experiments", "lab-experiments", "Experiments", "Experiments"),
 ]
+
+LAB_PAGES: list[tuple[Callable[[], None], str, str]] = [(p.render, p.title, p.url) for p in LABS]
+
+
+def merged_into(key: str) -> tuple[str, str] | None:
+    """(family, name) of the hidden registry walkthrough that preset walkthrough ``key`` stands for."""
+    owner, _ = walkthroughs()[key]
+    return (owner.family, owner.name) if owner.family in FAMILY_SECTIONS else None

@@ -62,3 +62,10 @@ def launch_button(recipes: list[Recipe], *, key: str, label: str, group: str | N
                    "its tokens appear here as it runs.")
         return ids
     return []
+
+
+def show_table(data, *, key: str, **kwargs) -> None:
+    """``st.dataframe`` as every lab draws it: no index, and missing cells empty. The worked
+    examples pad shorter completions with missing values and their captions say "empty cells are
+    padding"; Streamlit draws a missing value as "None" unless told otherwise."""
+    st.dataframe(data, hide_index=True, placeholder="", key=key, **kwargs)

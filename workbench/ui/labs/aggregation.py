@@ -9,7 +9,7 @@ from workbench.algorithms import names
 from workbench.core import PolicyLossConfig
 from workbench.recipe import load_recipe
 from workbench.ui.labs import title_of
-from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
+from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe, show_table
 from workbench.viz import lab_aggregation as viz
 
 BOOK_TEXT = "2, 2, 2, 2\n2, 2, 2, 2, 2, 2, 2"
@@ -33,7 +33,7 @@ def _analytic() -> None:
     st.plotly_chart(viz.aggregation_figure(table, value), key="agg_fig")
     summary = table.groupby(["mode", "seq"], sort=False).agg(length=("length", "first"), loss=("loss", "first"),
                                                              weight=("weight", "first"), grad_wrt_ratio=("grad_wrt_ratio", "first"))
-    st.dataframe(summary.reset_index(), hide_index=True, key="agg_table")
+    show_table(summary.reset_index(), key="agg_table")
     st.caption("Weights by autograd through workbench.core.aggregate_loss, for every mode it registers. The book "
                "prints token-mean's line without the advantage (0.0909 = the weight 1/11); with A = 2 it is 0.1818. "
                "seq-mean-token-mean gives short sequences' tokens more weight (1/n_i): the length bias Dr. GRPO "

@@ -31,8 +31,9 @@ from workbench.core import (
 )
 from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig
 from workbench.recipe import Algorithm, Sampling, Teacher, load_recipe
-from workbench.ui.labs import page_title, page_url
-from workbench.ui.labs._shared import launch_button
+from workbench.ui.labs import merged_into, page_title, page_url
+from workbench.ui.labs._shared import launch_button, show_table
+from workbench.ui.nav import page as nav_page
 from workbench.viz import lab_estimators as viz
 from workbench.viz import lab_regions
 
@@ -86,7 +87,7 @@ def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
         return [], False
     # the format of a run's Samples table (compare page), so the same rewards read the same there
     advantage = st.column_config.NumberColumn(format="%+.3f")
-    st.dataframe(table, hide_index=True, key=f"{w.key}_adv_table",
+    show_table(table, key=f"{w.key}_adv_table",
                  column_config={v.label: advantage for v in viz.SEQUENCE_VARIANTS})
     st.plotly_chart(viz.advantages_figure(table), key=f"{w.key}_adv_fig")
     # G = 1 is the recipe's to refuse (group estimators need a baseline; PPO with GAE does not)
@@ -105,7 +106,7 @@ def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
     except ValueError as err:
         st.error(str(err))
         return [], False
-    st.dataframe(table, hide_index=True, key=f"{w.key}_gae_table")
+    show_table(table, key=f"{w.key}_gae_table")
     st.plotly_chart(viz.gae_figure(table), key=f"{w.key}_gae_fig")
     st.caption("lambda = 0: one-step TD error (low variance, biased by the critic); lambda = 1: Monte Carlo return minus V.")
     st.markdown("**The same sequence-level rewards through every estimator**")
@@ -134,7 +135,7 @@ def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
     except ValueError as err:
         st.error(str(err))
         return [], False
-    st.dataframe(table, hide_index=True, key=f"{w.key}_pg_table")
+    show_table(table, key=f"{w.key}_pg_table")
     st.plotly_chart(viz.policy_gradient_figure(table), key=f"{w.key}_pg_fig")
     st.caption("PPO clip zeroes the gradient of each token outside its trust region; GSPO clips the whole sequence on "
                "its geometric-mean ratio s (one outlier token moves s only by 1/|o|); CISPO clips the weight but every "
@@ -168,12 +169,12 @@ def _biases(w: Walkthrough) -> None:
                     "group only 0.50, against 0.87 in a balanced group. And the std cancels the scale: rewards "
                     "0.1, 0, 0, 0 give the same 1.5 as 1, 0, 0, 0, so a tiny (perhaps noisy) reward difference is "
                     "pushed as hard as a real one. Dr. GRPO keeps the scale (0.075 against 0.75):")
-        st.dataframe(viz.std_bias_example(), hide_index=True, key=f"{w.key}_std_bias")
+        show_table(viz.std_bias_example(), key=f"{w.key}_std_bias")
     if "length" in biases:
         st.markdown("**Length bias of per-sequence averaging.** A correct 4-token answer (+A) and a wrong 7-token answer "
                     "(-A): under seq-mean-token-mean each token of the long wrong answer is pushed down less, so long wrong "
                     "answers are penalised less and lengths grow:")
-        st.dataframe(viz.length_bias_example(), hide_index=True, key=f"{w.key}_len_bias")
+        show_table(viz.length_bias_example(), key=f"{w.key}_len_bias")
 
 
 def render_walkthrough(key: str) -> None:
@@ -185,6 +186,9 @@ def render_walkthrough(key: str) -> None:
     aggregation = LOSS_AGGREGATIONS.get(load_recipe(w.preset).algorithm.aggregation)  # the preset's, by name
     with st.expander("The implementation the engine trains with (inspect.getsource)"):
         st.code(viz.source_of(*dict.fromkeys((*w.functions, aggregation))), language="python")
+    if owner := merged_into(key):  # the registry walkthrough this page stands for in the navigation
+        st.page_link(nav_page(page_url(*owner)), label=f"{page_title(*owner)}: its knobs and a per-token worked example",
+                     icon=":material/arrow_forward:")
     overrides, launchable = INPUT_BLOCKS[w.inputs](w)
     _biases(w)
     st.subheader("Try it")
@@ -230,6 +234,12 @@ def knob_meaning(key: str) -> str:
     return (info.description or "") if info else ""
 
 
+def knob_text(k: Knob) -> str:
+    """What a knob does, as the spec that lists it says (GMPO's eps bounds the log-ratio, PPO's
+    the ratio: one field, each loss's own text), else the recipe field's description."""
+    return k.help or knob_meaning(k.field)
+
+
 def _knob_for(family: str, name: str) -> Knob:
     """The family's knob setting config attribute ``name`` (a name no spec lists: algorithm.<name>)."""
     known = {k.name: k for k in FAMILIES[family].knobs()}
@@ -254,7 +264,7 @@ def knobs_table(family: str, e: Spec) -> list[dict]:
     preset's recipe, e.g. group_size = its num_generations), not the config class's bare default."""
     start = knob_start(family, e)
     return [{"knob": k.name, "recipe key": k.field, "value": str(getattr(start, k.name)),
-             "what it does": k.help or knob_meaning(k.field)} for k in e.knobs]
+             "what it does": knob_text(k)} for k in e.knobs]
 
 
 def _parse_optional(text: str, kind: type, label: str):
@@ -286,17 +296,17 @@ def _knob_widgets(family: str, name: str, e: Spec) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for col, k in zip(st.columns(max(len(knobs), 1)), knobs):
         knob = k.name
-        f, key, value = fields[knob], f"wt_{name}_{knob}", getattr(start, knob)
+        f, key, value, text = fields[knob], f"wt_{name}_{knob}", getattr(start, knob), knob_text(k)
         if k.choices:
-            values[knob] = col.selectbox(knob, k.choices, index=k.choices.index(value), key=key)
+            values[knob] = col.selectbox(knob, k.choices, index=k.choices.index(value), key=key, help=text)
         elif isinstance(f.default, bool):
-            values[knob] = col.checkbox(knob, value=value, key=key)
+            values[knob] = col.checkbox(knob, value=value, key=key, help=text)
         elif f.default is None:
             kind = int if "int" in str(f.type) else float
             shown = "" if value is None else str(value)
-            values[knob] = _parse_optional(col.text_input(knob, shown, key=key, placeholder="none"), kind, knob)
+            values[knob] = _parse_optional(col.text_input(knob, shown, key=key, placeholder="none", help=text), kind, knob)
         else:
-            values[knob] = col.number_input(knob, value=float(value), format="%g", key=key)
+            values[knob] = col.number_input(knob, value=float(value), format="%g", key=key, help=text)
     return values
 
 
@@ -314,7 +324,7 @@ def _advantage_example(name: str, knobs: dict[str, Any]) -> list[str]:
     given = {k: viz.parse_numbers(v, k) for k, v in extra.items()}
     cfg = AdvantageConfig(group_size=G, **knobs)
     table = viz.advantage_example(name, rewards, lengths, cfg, **given)
-    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    show_table(table, key=f"wt_{name}_example")
     st.caption(f"`compute_advantages({name!r}, rewards, mask, {cfg})` on these completions (A_t: advantage of token "
                "t, R_t: returns where they differ; empty cells are padding). The in-reward KL is off here.")
     return [f"sampling.num_generations={G}"]
@@ -331,8 +341,8 @@ def _policy_loss_example(name: str, e: Spec, knobs: dict[str, Any]) -> list[str]
         raise ValueError("log-ratios is empty: give one line of comma-separated numbers per sequence")
     cfg = PolicyLossConfig(**knobs)
     table, metrics = viz.policy_loss_example(name, seqs, viz.parse_numbers(atext, "advantages"), cfg)
-    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
-    st.dataframe([{"metric": k, "value": v} for k, v in metrics.items()], hide_index=True, key=f"wt_{name}_metrics")
+    show_table(table, key=f"wt_{name}_example")
+    show_table([{"metric": k, "value": v} for k, v in metrics.items()], key=f"wt_{name}_metrics")
     st.caption(f"`compute_policy_loss({name!r}, logp, old_logp, A, mask, cfg)`, every pi_old = {viz.EXAMPLE_OLD_PROB}; "
                "the gradient by autograd, per token, before aggregation.")
     if e.ratio_curve:
@@ -351,7 +361,7 @@ def _shaping_example(name: str, knobs: dict[str, Any]) -> list[str]:
     ttext = c3.text_input("Teacher log pi_T(o_t)", "-0.4, -0.2, -3.0, -1.0", key=f"wt_{name}_teacher")
     table = viz.shaping_example(name, viz.parse_numbers(atext, "advantages"), viz.parse_numbers(stext, "student log-probs"),
                                 viz.parse_numbers(ttext, "teacher log-probs"), DistillationConfig(**knobs))
-    st.dataframe(table, hide_index=True, key=f"wt_{name}_example")
+    show_table(table, key=f"wt_{name}_example")
     st.caption(f"`shape_advantages({name!r}, A, student_logp, teacher_logp, mask, {DistillationConfig(**knobs)})` "
                "on one completion: d = student - teacher, A' the advantage the policy loss sees.")
     return []
@@ -393,7 +403,7 @@ def render_component(family: str, name: str) -> None:
     if e.frameworks:
         st.markdown(f"**In the frameworks.** {e.frameworks}")
     if e.knobs:
-        st.dataframe(knobs_table(family, e), hide_index=True, key=f"wt_{name}_knobs")
+        show_table(knobs_table(family, e), key=f"wt_{name}_knobs")
     if e.notes:
         st.markdown("**Known biases and notes**\n" + "\n".join(f"- {n}" for n in e.notes))
     with st.expander("The implementation the engine trains with (inspect.getsource)"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from workbench.ui.labs._shared import show_table
 from workbench.viz import lab_kl as viz
 from workbench.viz.lab_estimators import parse_numbers
 
@@ -34,7 +35,7 @@ def render() -> None:
         st.info(note, icon=":material/info:")
     kl = viz.true_kl(pi, ref)
     st.metric("true KL(pi || ref)", f"{kl:.5f}")
-    st.dataframe(viz.estimator_moments(pi, ref), hide_index=True, key="kl_moments", column_config={
+    show_table(viz.estimator_moments(pi, ref), key="kl_moments", column_config={
         c: st.column_config.NumberColumn(format="%.4g") for c in ("true KL", "mean", "bias", "variance")})
     exact = viz.bias_variance_vs_samples(pi, ref, SAMPLE_COUNTS)
     mc = viz.monte_carlo(pi, ref, SAMPLE_COUNTS, trials=int(trials), seed=int(seed))
@@ -46,4 +47,4 @@ def render() -> None:
     st.subheader("Where each preset puts the KL")
     st.caption("in_reward: the reward is shaped before the advantages, r - beta KL; in_loss: beta KL_t is added to "
                "each token's loss and aggregated with it. Read from the presets in recipes/.")
-    st.dataframe(viz.placement_table(), hide_index=True, key="kl_placement")
+    show_table(viz.placement_table(), key="kl_placement")

@@ -12,6 +12,17 @@ from workbench.viz import lab_lens as viz
 POINTS = {"before": "before the step (ratio 1: estimators differ)", "after": "after the step (ratio moved: losses differ)"}
 
 
+TOP_CHOICES = (viz.DEFAULT_TOP, 16, 32)
+
+
+def newest_run_with_lens(store) -> str | None:
+    """The newest run of the store that logged lens events (None: no run has)."""
+    runs = store.list_runs()
+    if not len(runs):
+        return None
+    return next((r for r in runs.sort_values("created_at", ascending=False)["id"] if store.lens(r)), None)
+
+
 def render() -> None:
     st.title("Same-batch lens")
     st.caption("Every logging.lens_every steps the engine evaluates every advantage estimator x policy loss on the "
@@ -28,6 +39,8 @@ def render() -> None:
                                  key="lens_launch", label="Launch GRPO with the lens")
     if launched:  # show the run just launched, not the one selected before (it has no lens events)
         st.session_state["lens_run"] = launched[0]
+    elif "lens_run" not in st.session_state and (newest := newest_run_with_lens(store)):
+        st.session_state["lens_run"] = newest  # the newest run usually has the lens off
     run_ids = pick_runs(store, key="lens_run", label="Run", multi=False)
     if not run_ids:
         return
@@ -46,10 +59,22 @@ def render() -> None:
     point = c2.radio("Evaluated", list(POINTS), format_func=POINTS.get, key="lens_point")
     losses = ["all"] + list(dict.fromkeys(frame["policy_loss"]))
     loss = c3.selectbox("Policy loss", losses, key="lens_loss")
-    st.plotly_chart(viz.lens_over_run_figure(frame, metric, point, None if loss == "all" else loss), key="lens_over_run")
+    policy_loss = None if loss == "all" else loss
+    shown = frame[frame["point"] == point]
+    combos = (shown if policy_loss is None else shown[shown["policy_loss"] == policy_loss])["combo"].nunique()
+    options = [*(n for n in TOP_CHOICES if n < combos), "all"]
+    chosen = st.segmented_control("Lines", options, default=options[0], key="lens_top",
+                                  help="The combinations with the largest |value| at the last lens step, and the run's own.")
+    top = None if (chosen or options[0]) == "all" else int(chosen or options[0])
+    st.plotly_chart(viz.lens_over_run_figure(frame, metric, point, policy_loss, top=top), key="lens_over_run")
+    st.caption(f"All {combos} estimator x loss lines." if top is None else
+               f"{top} of {combos} estimator x loss lines: the largest |value| at the last lens step, and the run's "
+               "own; more under Lines.")
     steps = sorted(frame["step"].unique())
     step = st.select_slider("Step for the grid", steps, value=steps[-1], key="lens_step")
     st.plotly_chart(viz.lens_heatmap(frame, int(step), metric, point), key="lens_heatmap")
+    for row, why in viz.empty_rows(frame, int(step), metric, point).items():
+        st.caption(f"Row '{row}' is empty at step {int(step)}: {why}.")
     st.caption("Every row is the run's whole objective with its estimator and loss swapped in. RLOO = G/(G-1) x "
                "Dr. GRPO, so their rows agree in direction (cosine 1) when the run has no in-loss KL and no entropy "
                "bonus; those terms do not scale with the advantages. At 'before' the ratio is 1, so every policy loss "

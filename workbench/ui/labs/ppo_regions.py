@@ -9,7 +9,7 @@ from workbench.algorithms import FAMILIES
 from workbench.core import PolicyLossConfig
 from workbench.recipe import load_recipe
 from workbench.ui.labs import title_of
-from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe
+from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe, show_table
 from workbench.viz import lab_regions as viz
 
 DEFAULT_CURVES = ("clip", "gspo", "cispo", "sapo", "gmpo")
@@ -64,7 +64,7 @@ def _analytic() -> None:
                "sigmoid(tau (R - 1)), equals the policy gradient at R = 1 and fades on both sides, never exactly to 0. "
                "Not drawn: losses whose token loss depends on more than its ratio (DPPO on the old probability, "
                "Clip-Cov / KL-Cov on the batch's covariance).")
-    st.dataframe(viz.book_regions_table(), hide_index=True, key="ppo_book_table")
+    show_table(viz.book_regions_table(), key="ppo_book_table")
 
 
 def _empirical() -> None:
