@@ -146,16 +146,20 @@ def figure_csv(fig: go.Figure) -> bytes:
 
 
 class Format(NamedTuple):
-    """One file format a figure exports to: its MIME type and how the bytes are made."""
+    """One file format a figure exports to: its MIME type, how the bytes are made, what it is."""
 
     mime: str
     render: Callable[[go.Figure, float], bytes]
+    help: str
 
 
 FORMATS: dict[str, Format] = {
-    "png": Format("image/png", lambda fig, scale: _image(fig, "png", scale)),
-    "svg": Format("image/svg+xml", lambda fig, scale: _image(fig, "svg", scale)),
-    "csv": Format("text/csv", lambda fig, scale: figure_csv(fig)),
+    "png": Format("image/png", lambda fig, scale: _image(fig, "png", scale),
+                  f"PNG at print resolution ({PRINT_SCALE}x: {PRINT_SCALE * DEFAULT_WIDTH} px wide, "
+                  f"{PRINT_SCALE * DEFAULT_WIDTH / 300:g} in at 300 dpi)"),
+    "svg": Format("image/svg+xml", lambda fig, scale: _image(fig, "svg", scale), "SVG (vector, for papers and slides)"),
+    "csv": Format("text/csv", lambda fig, scale: figure_csv(fig),
+                  "CSV of the plotted data: per trace x, y and its band (low, high)"),
 }
 
 
