@@ -227,10 +227,10 @@ def report_html(store, group: str, *, metric: str | None = None, window: float =
     held-out eval reward once logged, else the training reward); ``window``: the final share of
     each run's logged steps that scores it; ``smoothing``: EMA weight of the curves (0: raw);
     ``prov``: the provenance shown (default: ``provenance()``, read now).
-    RunError naming the group when it has no runs; ValueError naming the metric when no run logged
-    it, or the window when it is not in (0, 1]."""
+    RunError naming the group when it has no runs or the metric when no run logged it; ValueError
+    naming the window when it is not in (0, 1]."""
     from workbench.analysis import default_metric
-    from workbench.runs.cli import _group_arms  # the one wording of "no such group" (compare, runs arms)
+    from workbench.runs.cli import _group_arms, check_logged  # compare's wording of a bad group / metric
 
     arms = _group_arms(store, group)
     runs = [r for rs in arms.values() for r in rs]
@@ -239,8 +239,8 @@ def report_html(store, group: str, *, metric: str | None = None, window: float =
     curves, n_curves = _curves_section(frame, smoothing)
     if metric is None:  # nothing logged yet
         verdict, sweep = "<h2>Verdict</h2><p>No metric logged yet.</p>", ""
-    else:  # a metric no run logged: viz.tables.verdict's ValueError names it
-        verdict = _verdict_section(frame, metric, window)
+    else:
+        verdict = _verdict_section(frame, check_logged(frame, metric, group), window)
         sweep, _ = _sweep_section(frame, runs, metric, window, n_curves)
     body = (_provenance_section(group, prov or provenance()) + _runs_section(arms) + curves + verdict + sweep
             + _recipes_section(arms))
