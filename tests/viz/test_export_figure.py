@@ -36,8 +36,13 @@ def reward_figure():
 
 @pytest.fixture(scope="module")
 def chromium():
-    if not CHROMIUM.exists():
-        missing_component(f"{CHROMIUM} is missing (apt-get install chromium)")
+    """Debian's chromium, apt-installed where missing as the browser tests do (never downloaded)."""
+    from tests.e2e.conftest import CHROMIUM as E2E_CHROMIUM, _install_chromium
+
+    assert Path(E2E_CHROMIUM) == CHROMIUM
+    problem = _install_chromium()
+    if problem:
+        missing_component(problem)
     return CHROMIUM
 
 
