@@ -1,4 +1,5 @@
-"""The comparison report opened from disk in a real Chromium with the network cut (every request
+"""The downloads of Live / Compare in a real browser against `streamlit run app.py` (a chart as PNG,
+made by Kaleido when clicked; the group's report), and the comparison report opened from disk in a real Chromium with the network cut (every request
 but the file itself aborted): every figure renders (plotly.js is inlined, nothing is fetched) and
 the console stays clean. The group is a sweep with the presets' real recipes and logged metrics."""
 
@@ -8,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.e2e.conftest import ROOT
+from tests.e2e.conftest import ROOT, SERVER_FLAGS, free_port, wait_healthy
 from tests.ui.seed import metrics_event
 from workbench.runs import RunStore, plan_runs
 from workbench.viz.curves import PANELS, has_data
@@ -69,3 +70,40 @@ def test_the_report_renders_every_figure_offline(chromium, tmp_path):
         browser.close()
     assert fetched == [out.as_uri()]  # nothing but the file itself was asked for
     assert problems == []
+
+
+def test_the_page_downloads_a_chart_as_png_and_the_group_report(chromium, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    home = tmp_path / "home"
+    home.mkdir()
+    _sweep_group(home)
+    port = free_port()
+    env = {**os.environ, "WORKBENCH_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("WORKBENCH_PASSWORD", None)  # on 127.0.0.1 without a password: no sign-in
+    log = home / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", *SERVER_FLAGS, "--server.port",
+                                 str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc, log=log)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            page.set_default_timeout(90_000)
+            page.goto(f"{url}/compare")
+            page.get_by_role("button", name="PNG").first.wait_for()
+            with page.expect_download() as png:
+                page.get_by_role("button", name="PNG").first.click()
+            data = open(png.value.path(), "rb").read()
+            assert data[:8] == b"\x89PNG\r\n\x1a\n" and png.value.suggested_filename == "reward-batch-mean.png"
+            with page.expect_download() as report:
+                page.get_by_role("button", name="Download report (HTML)").click()
+            text = open(report.value.path(), encoding="utf-8").read()
+            assert report.value.suggested_filename == "report-sweep.html"
+            assert "<h1>Comparison report: sweep</h1>" in text and "<h2>Sweep</h2>" in text
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
