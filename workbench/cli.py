@@ -6,6 +6,7 @@
     model build tiny | tiny-teacher
     launch / runs / collect   (workbench/runs/cli.py)
     export                    (workbench/export/cli.py)
+    report GROUP [--out FILE] [--metric M] [--window F]   (one self-contained HTML file: workbench/report.py)
 
 Exit codes: 0 done, 2 bad input (one line ``error: ...`` naming the field, the value and what is
 allowed; nothing is left behind), 1 a run that did not finish, 130 interrupted, 141 closed pipe.
@@ -21,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.analysis.window import DEFAULT_WINDOW_FRAC  # imports nothing: the parser stays light
 from workbench.console import report
 from workbench.home import workbench_home
 from workbench.machine import check_fits_machine
@@ -110,6 +112,32 @@ def _cmd_model(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    """Write the comparison report of a group. Everything is checked and the page built before
+    the file is opened; it is written beside its target and renamed into place, so a failure
+    leaves no file (nor half of one)."""
+    from workbench.report import report_html
+    from workbench.runs.cli import _open_store, _sync_before_reading
+
+    out = Path(args.out) if args.out else Path(f"report-{slug(args.group)}.html")
+    if args.out != "-" and not out.resolve().parent.is_dir():
+        raise ValueError(f"--out={args.out!r}: the folder {str(out.resolve().parent)!r} does not exist")
+    store = _open_store()
+    _sync_before_reading(store)
+    text = report_html(store, args.group, metric=args.metric, window=args.window)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workbench", description="RL Workbench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.runs.cli import add_run_parsers
 
     add_run_parsers(sub)
+    rep = sub.add_parser("report", help="write a comparison group as one self-contained HTML file (opens offline)",
+                         description="The arms' curves with bands, the verdict table, the sweep view, each arm's recipe "
+                         "and the fields in which arms differ, seeds, the workbench commit and this machine.")
+    rep.add_argument("group", help="comparison group (`python -m workbench runs list` shows them)")
+    rep.add_argument("--out", metavar="FILE", help="where to write it (default: report-GROUP.html here; - for stdout)")
+    rep.add_argument("--metric", help="the verdict's metric (default: eval/reward if logged, else reward)")
+    rep.add_argument("--window", type=float, default=DEFAULT_WINDOW_FRAC,
+                     help="final fraction of each run's steps that scores it")
+    rep.set_defaults(func=_cmd_report)
     # export is pure text below the run layer: the run store and the settings are handed in from here
     add_export_parser(sub, resolve_run=_stored_recipe, slurm_defaults=_slurm_defaults)
     return parser

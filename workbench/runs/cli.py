@@ -161,6 +161,17 @@ def _list_arms(store, group: str | None) -> int:
     return 0
 
 
+def check_logged(frame, metric: str | None, group: str) -> str:
+    """``metric`` when the group's long frame (``RunStore.arm_metrics``) has it; else RunError
+    naming it and what the group logged (also for None: nothing logged yet)."""
+    from workbench.runs import RunError
+
+    if metric is None or metric not in frame.columns:
+        logged = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")]
+        raise RunError(f"metric={metric!r} is not logged by group {group!r}; logged: {', '.join(logged) or '(nothing yet)'}")
+    return metric
+
+
 def _cmd_compare(args) -> int:
     """The verdict table of a group: per arm mean / IQM / 95 % CI over seeds of the final-window
     score, per pair the difference with its CI, P(A > B), the verdict and the seeds needed."""
@@ -171,10 +182,7 @@ def _cmd_compare(args) -> int:
     _sync_before_reading(store)
     arms = _group_arms(store, args.group)
     frame = store.arm_metrics([r.id for runs in arms.values() for r in runs])
-    metric = args.metric or default_metric(frame)
-    if metric is None or metric not in frame.columns:
-        logged = [c for c in frame.columns if c not in ("run_id", "arm", "seed", "step", "time")]
-        raise RunError(f"metric={metric!r} is not logged by group {args.group!r}; logged: {', '.join(logged) or '(nothing yet)'}")
+    metric = check_logged(frame, args.metric or default_metric(frame), args.group)
     scores = final_window_scores(frame, metric, args.window)
     if scores.empty:
         raise RunError(f"no run of group {args.group!r} has logged {metric!r} yet")

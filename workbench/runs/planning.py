@@ -234,6 +234,30 @@ def check_joins_group(arms: Mapping[str, list[Run]], group: str, planned: Sequen
                            f"a copy, not a replicate; add seeds with --set {SEED_FIELD}={max(r.seed or 0 for r in runs) + 1}")
 
 
+def recipe_differences(recipes: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The fields in which arms differ, seed aside: ``{arm: stored recipe YAML}`` ->
+    ``{dotted field: {arm: value}}`` for every field whose value is not the same in all arms
+    (fields this version added filled in with their defaults); a field an
+    arm lacks is None there. Fields in the order they are first found (each arm against the first).
+    What a comparison report shows beside the curves."""
+    import yaml
+
+    full = {arm: _without_seed(_with_defaults(yaml.safe_load(text) or {})) for arm, text in recipes.items()}
+    first = next(iter(full.values()), {})
+    fields = dict.fromkeys(key for recipe in full.values() for key, _, _ in _differing_fields(first, recipe))
+    return {key: {arm: _value_at(recipe, key) for arm, recipe in full.items()} for key in fields}
+
+
+def _value_at(data: dict, key: str) -> Any:
+    """``setting`` of a recipe dict, None where an arm's recipe lacks the field."""
+    from workbench.algorithms.spec import setting
+
+    try:
+        return setting(data, key)
+    except (KeyError, TypeError):
+        return None
+
+
 def _with_defaults(data: dict) -> dict:
     """A stored recipe with the fields this version added filled in (as is if it no longer validates)."""
     from workbench.recipe import Recipe, RecipeError

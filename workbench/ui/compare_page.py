@@ -13,6 +13,8 @@ and is not touched at all."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 import streamlit as st
 
@@ -20,7 +22,10 @@ from workbench import runs as wr
 from workbench.analysis import DEFAULT_WINDOW_FRAC, default_metric, final_window_values, sweep_table
 from workbench.analysis.stats import DuplicateSeedError
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
+from workbench.report import SWEEP_CAPTION, arm_sweeps, report_html
+from workbench.runs.names import slug
 from workbench.viz.arms import arm_figures, sweep_figures
+from workbench.viz.export_figure import FORMATS, figure_bytes, file_name
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
                                   final_metrics_table, has_data, logged_metrics, progress, resolve_panel,
                                   step_label)
@@ -191,6 +196,28 @@ def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = No
             col.plotly_chart(figures[key], key=f"{prefix}:{key}", config={"displaylogo": False})
             if captions and captions.get(key):
                 col.caption(captions[key])
+            _figure_downloads(col, figures[key], f"{prefix}:{key}")
+
+
+def _figure_downloads(col, fig, key: str) -> None:
+    """PNG / SVG (print resolution, through Kaleido) and CSV (the plotted data) of one chart. The
+    file is made only when its button is clicked (Streamlit's deferred download): a PNG takes
+    seconds in a headless Chromium, far too slow for every redraw."""
+    title = fig.layout.title.text or key
+    for cell, fmt in zip(col.columns(len(FORMATS)), FORMATS):
+        cell.download_button(fmt.upper(), data=partial(figure_bytes, fig, fmt), file_name=file_name(title, fmt),
+                             mime=FORMATS[fmt].mime, key=f"download:{fmt}:{key}", on_click="ignore",
+                             help=f"{title} as {FORMATS[fmt].help}")
+
+
+def _report_download(group: str) -> None:
+    """The comparison report of ``group``: one self-contained HTML file that opens offline (made
+    when clicked, from the store as it is then)."""
+    st.download_button("Download report (HTML)", data=partial(report_html, store(), group),
+                       file_name=f"report-{slug(group)}.html", mime="text/html", key="download:report",
+                       on_click="ignore", help="The arms' curves with bands, the verdict table, the sweep view, each "
+                       "arm's recipe and the fields in which arms differ, seeds, commit and machine; opens offline. "
+                       "Same as `python -m workbench report GROUP`.")
 
 
 def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> None:
@@ -276,9 +303,7 @@ def _verdict(frame) -> tuple[str | None, float]:
 
 def _arm_sweeps(ids: list[str]) -> dict[str, dict]:
     """arm -> {swept field: value} for the selected runs of a sweep ({} when nothing was swept)."""
-    runs = [store().get_run(i) for i in ids]
-    by_arm = {r.arm: r.sweep or {} for r in runs}
-    return by_arm if all(by_arm.values()) and len({frozenset(v) for v in by_arm.values()}) == 1 else {}
+    return arm_sweeps([store().get_run(i) for i in ids])
 
 
 def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> None:
@@ -292,8 +317,7 @@ def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> Non
         return
     st.subheader("Sweep")
     figures = sweep_figures(sweep_table(scores, {arm: sweeps[arm] for arm in scores}), metric)
-    st.caption("Final-window mean per swept value with its 95% CI over seeds (Student-t); a line per setting of "
-               "the other swept fields, 'all' pooling them.")
+    st.caption(SWEEP_CAPTION)
     _chart_grid(figures, "sweep")
 
 
@@ -312,6 +336,8 @@ def render() -> None:
         st.info("No runs yet. Launch one on the Launch page (or press Quick comparison there).")
         return
     ids = _selection(runs)
+    if st.session_state.get("compare_mode") == "Group" and st.session_state.get("compare_group_select"):
+        _report_download(st.session_state["compare_group_select"])
     if not ids:
         st.info("Choose at least one run.")
         return
