@@ -38,6 +38,7 @@ class Band(NamedTuple):
     """One band choice: its caption text and its edges from the per-point statistics."""
 
     caption: Callable[[float], str]  # confidence -> 'band: ...' text
+    label: Callable[[float], str]  # confidence -> the band trace's short name: '95% CI'
     # (mean, std, n, lo, hi, confidence) -> (low, high); arrays (P,), NaN where n < 2
     edges: Callable[..., tuple[np.ndarray, np.ndarray]]
 
@@ -63,9 +64,9 @@ def _minmax_edges(mean, std, n, lo, hi, confidence):
 # (about a 68% interval for many seeds, narrower than "ci" by t: a spread, not a test); "minmax":
 # the range the seeds actually covered (no model at all).
 BANDS: dict[str, Band] = {
-    "ci": Band(lambda c: f"{c:.0%} t-interval over seeds where >= 2", _ci_edges),
-    "se": Band(lambda c: "+-1 standard error over seeds where >= 2", _se_edges),
-    "minmax": Band(lambda c: "min-max over seeds where >= 2", _minmax_edges),
+    "ci": Band(lambda c: f"{c:.0%} t-interval over seeds where >= 2", lambda c: f"{c:.0%} CI", _ci_edges),
+    "se": Band(lambda c: "+-1 standard error over seeds where >= 2", lambda c: "±1 SE", _se_edges),
+    "minmax": Band(lambda c: "min-max over seeds where >= 2", lambda c: "min-max", _minmax_edges),
 }
 
 

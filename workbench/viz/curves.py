@@ -8,7 +8,8 @@ a DataFrame; the pages only place them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -18,96 +19,180 @@ from scipy.signal import lfilter
 
 
 @dataclass(frozen=True)
+class Metric:
+    """What a logged metric is, for drawing it honestly: the y-axis title with its unit, its
+    possible range (a band is clipped to it), which direction is better (None: neither), how the
+    engine reduces it over ranks and how the arms view aggregates it over seeds, and whether it is
+    a secondary series (a min / max / per-region line beside a panel's main one: hidden until the
+    page's "Secondary series" toggle shows it)."""
+
+    axis: str  # the y-axis title, unit included: "tokens", "seconds", "fraction of prompts"
+    low: float = -math.inf
+    high: float = math.inf
+    better: str | None = None  # "higher", "lower" or None
+    over_ranks: str = "mean"  # the engine's reduction over ranks: mean, min, max, sum
+    over_seeds: str = "mean"  # the arms view's line: the mean over seeds (with the chosen band)
+    secondary: bool = False
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return (self.low, self.high)
+
+    def but(self, **changes) -> "Metric":
+        """This metric's metadata with some fields changed (``FRACTION.but(better="lower")``)."""
+        return replace(self, **changes)
+
+
+# The kinds of metric the panels draw; a panel's metrics share a y-axis, so they share a kind
+# (``Panel.kinds`` overrides one metric's direction, reduction or role).
+FRACTION = Metric("fraction", 0.0, 1.0)
+TOKENS = Metric("tokens", 0.0)
+SECONDS = Metric("seconds", 0.0)
+COUNT = Metric("count", 0.0)
+NATS = Metric("nats per token", 0.0)  # a KL is >= 0 (a k1 estimate's step mean may dip below: see clip_band)
+UNKNOWN = Metric("value")  # a logged metric no panel describes: no range, no direction
+
+
+@dataclass(frozen=True)
 class Panel:
-    """One chart: a title and the metric columns drawn in it (one line per run and metric)."""
+    """One chart: a title, the metric columns drawn in it (one line per run and metric), what they
+    mean, and what kind of quantity they are (``kind`` for all of them, ``kinds`` per metric where
+    one differs)."""
 
     title: str
     metrics: tuple[str, ...]
     help: str = ""
+    kind: Metric = UNKNOWN
+    kinds: Mapping[str, Metric] = field(default_factory=dict)
+
+    def meta(self, metric: str) -> Metric:
+        """The metadata of one of this panel's metrics."""
+        return self.kinds.get(metric, self.kind)
+
+    def primary(self) -> tuple[str, ...]:
+        """The metrics drawn by default (secondary series left out)."""
+        return tuple(m for m in self.metrics if not self.meta(m).secondary)
+
+
+_RATIO = Metric("ratio", 0.0)
+_MISMATCH = Metric("nats per token (|log-ratio|)", 0.0, better="lower")
+
+
+def _extremes(low_name: str, high_name: str, kind: Metric) -> dict[str, Metric]:
+    """A panel's per-batch min and max beside its mean: secondary series, reduced by min / max."""
+    return {low_name: kind.but(over_ranks="min", secondary=True), high_name: kind.but(over_ranks="max", secondary=True)}
 
 
 # The Compare page's charts, in display order, grouped (rewards, eval, KL and distillation,
 # entropy, clipping, lengths, rollout, optimisation, cost). A metric a run never logged is simply
 # absent. Help says what each logged name means (TRL's meaning where TRL logs the same name).
 PANELS: dict[str, Panel] = {
-    "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions."),
+    "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions.",
+        Metric("reward", better="higher")),
     # held-out evaluation (eval.every): logged at step 0, every N steps and at the end only
     "eval_accuracy": Panel("Held-out accuracy", ("eval/pass@1", "eval/pass@k"),
-                           "Held-out prompts never trained on: greedy pass@1 and pass@k at the eval temperature."),
-    "eval_reward": Panel("Held-out reward", ("eval/reward",), "Mean reward of greedy completions of the held-out prompts."),
+                           "Held-out prompts never trained on: greedy pass@1 and pass@k at the eval temperature.",
+        FRACTION.but(axis="pass rate", better="higher")),
+    "eval_reward": Panel("Held-out reward", ("eval/reward",), "Mean reward of greedy completions of the held-out prompts.",
+        Metric("reward", better="higher")),
     "reward_std": Panel("Reward std within groups", ("reward_std",),
-                        "Mean over prompts of the std of the G rewards: the signal a group baseline can use."),
+                        "Mean over prompts of the std of the G rewards: the signal a group baseline can use.",
+        Metric("reward std", 0.0)),
     "frac_reward_zero_std": Panel("Groups with zero reward std", ("frac_reward_zero_std",),
-                                  "Fraction of prompts whose G rewards are all equal: zero advantage, no gradient (DAPO filters them)."),
+                                  "Fraction of prompts whose G rewards are all equal: zero advantage, no gradient (DAPO filters them).",
+        FRACTION.but(axis="fraction of prompts", better="lower")),
     "remax_baseline": Panel("ReMax greedy baseline", ("remax/baseline_reward",),
                             "Mean reward of the greedy completion of each prompt: the baseline ReMax subtracts "
-                            "(advantage = reward - greedy reward)."),
-    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference)."),
+                            "(advantage = reward - greedy reward).",
+        Metric("reward")),
+    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference).",
+        NATS),
     # its own panel: the std of a heavy-tailed per-token estimate is often 10x its mean
     "kl_token_std": Panel("KL spread over tokens", ("kl/token_std",),
                           "Std over the batch's completion tokens of the per-token KL estimate whose mean is kl "
-                          "(0 when kl_coef = 0): large with a small mean, a few tokens carry the divergence."),
+                          "(0 when kl_coef = 0): large with a small mean, a few tokens carry the divergence.",
+        NATS.but(axis="nats per token (std)")),
     "distill_reverse_kl": Panel("Reverse KL to the teacher", ("distill/reverse_kl",),
                                 "On-policy distillation: token mean of log pi_student - log pi_teacher on the "
-                                "student's samples, an unbiased estimate of KL(student || teacher) (one step can be < 0)."),
+                                "student's samples, an unbiased estimate of KL(student || teacher) (one step can be < 0).",
+        Metric("nats per token", better="lower")),
     "distill_teacher_logp": Panel("Teacher log-prob of the student's tokens", ("distill/teacher_logp",),
                                   "On-policy distillation: token mean of log pi_teacher(o_t), how likely the teacher "
-                                  "finds what the student writes (rises toward 0 as the student imitates it)."),
-    "entropy": Panel("Entropy", ("entropy",), "Mean per-token entropy of the policy (collapse = falls to 0)."),
+                                  "finds what the student writes (rises toward 0 as the student imitates it).",
+        Metric("nats (log-prob)", high=0.0, better="higher")),
+    "entropy": Panel("Entropy", ("entropy",), "Mean per-token entropy of the policy (collapse = falls to 0).",
+        NATS),
     "entropy_coef": Panel("Entropy coefficient", ("entropy_coef",),
                           "TRL's entropy_coef: the entropy bonus's coefficient after each optimiser update (mean over "
                           "the step's updates); with use_adaptive_entropy it moves by entropy_coef_delta to hold the "
-                          "entropy at entropy_target (Skywork-OR1)."),
+                          "entropy at entropy_target (Skywork-OR1).",
+        Metric("coefficient")),
     "entropy_kept": Panel("High-entropy tokens trained on", ("entropy/top_quantile_kept",),
                           "Fraction of the loss tokens top_entropy_quantile keeps: only the highest-entropy tokens get "
-                          "a gradient (Beyond the 80/20 Rule; TRL top_entropy_quantile)."),
+                          "a gradient (Beyond the 80/20 Rule; TRL top_entropy_quantile).",
+        FRACTION.but(axis="fraction of tokens")),
     "clip": Panel("Clip ratios", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
                                   "clip_ratio/dual_mean"),
                   "Fraction of tokens clipped below 1-eps_low (A<0), above 1+eps_high (A>0), either (TRL's names), "
-                  "and capped by dual clip (A<0, ratio > clip_c)."),
+                  "and capped by dual clip (A<0, ratio > clip_c).",
+        FRACTION.but(axis="fraction of tokens"), {m: FRACTION.but(axis="fraction of tokens", secondary=True) for m in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean")}),
     # own panel: a per-sequence extreme sits well above / below the token means beside it
     "clip_extremes": Panel("Clip ratio extremes over sequences", ("clip_ratio/low_min", "clip_ratio/high_max"),
                            "TRL 1.16: per micro-batch, over every rank's sequences, the smallest fraction of a "
                            "sequence's tokens clipped low (clip_ratio/low_min) and the largest clipped high "
                            "(clip_ratio/high_max), averaged over the step's micro-batches. high_max near 1 means "
-                           "some completion is clipped almost everywhere."),
+                           "some completion is clipped almost everywhere.",
+        FRACTION.but(axis="fraction of a sequence's tokens"), {"clip_ratio/low_min": FRACTION.but(axis="fraction of a sequence's tokens", over_ranks="min"), "clip_ratio/high_max": FRACTION.but(axis="fraction of a sequence's tokens", over_ranks="max")}),
     "loss_token_fractions": Panel("Tokens the loss treats specially", ("cispo/clip_ratio", "dppo/masked_mean",
                                                                          "dppo/truncated_mean", "clip_cov/selected_mean",
                                                                          "kl_cov/selected_mean", "value/clipfrac"),
                                   "Per loss, the fraction of tokens it handles apart: CISPO weights clipped, DPPO tokens "
                                   "outside the trust region (masked) or with the ratio cut at clip_c (truncated), "
-                                  "Clip-Cov tokens detached, KL-Cov tokens penalised, PPO value predictions clipped."),
+                                  "Clip-Cov tokens detached, KL-Cov tokens penalised, PPO value predictions clipped.",
+        FRACTION.but(axis="fraction of tokens")),
     "sapo_gate": Panel("SAPO gradient gate", ("sapo/gate_mean",),
                        "Mean of 4 s (1 - s) rho over tokens, s = sigmoid(tau (rho - 1)): the share of the gradient "
-                       "SAPO's soft gate lets through (1 on-policy)."),
+                       "SAPO's soft gate lets through (1 on-policy).",
+        Metric("share of the gradient", 0.0)),
     "length": Panel("Completion length", ("completions/mean_length", "completions/min_length", "completions/max_length"),
-                    "Tokens per completion (mean, min, max over the batch)."),
+                    "Tokens per completion (mean, min, max over the batch).",
+        TOKENS, _extremes("completions/min_length", "completions/max_length", TOKENS)),
     "terminated_length": Panel("Terminated completion length", ("completions/mean_terminated_length",
                                                                  "completions/min_terminated_length",
                                                                  "completions/max_terminated_length"),
                                "TRL: tokens per completion over the completions that ended with a stop token "
-                               "(truncated ones left out; all 0 when none ended)."),
+                               "(truncated ones left out; all 0 when none ended).",
+        TOKENS, _extremes("completions/min_terminated_length", "completions/max_terminated_length", TOKENS)),
     "truncated": Panel("Truncated completions", ("completions/clipped_ratio",),
-                       "Fraction of completions cut at max_completion_length."),
+                       "Fraction of completions cut at max_completion_length.",
+        FRACTION.but(axis="fraction of completions", better="lower")),
     "prompts_truncated": Panel("Truncated prompts", ("prompts/truncated_ratio",),
-                               "Fraction of the batch's prompts that lost tokens to max_prompt_length."),
+                               "Fraction of the batch's prompts that lost tokens to max_prompt_length.",
+        FRACTION.but(axis="fraction of prompts", better="lower")),
     "sampling_mismatch": Panel("Rollout / trainer mismatch", ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
-                               "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow."),
+                               "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow.",
+        _MISMATCH, {"sampling/sampling_logp_difference/max": _MISMATCH.but(over_ranks="max", secondary=True)}),
     "importance_ratio": Panel("Importance-sampling ratio", ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
                                                             "sampling/importance_sampling_ratio/max"),
-                              "pi_trainer / pi_rollout as algorithm.rollout_correction weights it (raw per-token ratios when off)."),
+                              "pi_trainer / pi_rollout as algorithm.rollout_correction weights it (raw per-token ratios when off).",
+        _RATIO, _extremes("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max", _RATIO)),
     "dynamic_sampling": Panel("Dynamic sampling rounds", ("dynamic_sampling/rounds", "dynamic_sampling/filled_groups"),
-                              "Rollout rounds to fill the batch with groups that have a reward spread (DAPO), and groups filled after the cap."),
-    "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO)."),
+                              "Rollout rounds to fill the batch with groups that have a reward spread (DAPO), and groups filled after the cap.",
+        COUNT.but(axis="rounds / groups"), {"dynamic_sampling/rounds": COUNT.but(axis="rounds / groups", better="lower")}),
+    "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO).",
+        Metric("loss"), {"loss/value": Metric("loss", 0.0, better="lower")}),
     "grad_norm": Panel("Gradient norm", ("grad_norm",),
                        "Global gradient norm before clipping, averaged over the step's mu x minibatches "
-                       "optimiser updates."),
+                       "optimiser updates.",
+        Metric("L2 norm", 0.0)),
     "num_tokens": Panel("Tokens seen", ("num_tokens",),
                         "TRL's num_tokens: prompt + completion tokens of every step so far, over all ranks "
-                        "(the tokens x-axis counts completion tokens only)."),
+                        "(the tokens x-axis counts completion tokens only).",
+        TOKENS.but(over_ranks="sum")),
     "step_time": Panel("Step time (s)", ("perf/step_time", "perf/generation_time", "perf/train_time"),
                        "Wall time of one step (rollout + rewards + updates), and of its generation (sampling and "
-                       "rewards) and training parts."),
+                       "rewards) and training parts.",
+        SECONDS.but(better="lower"), {m: SECONDS.but(secondary=True) for m in ("perf/generation_time", "perf/train_time")}),
 }
 
 # Columns of the store's frames that are keys, not metrics (``step`` is also in each metrics line).
