@@ -109,9 +109,10 @@ def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: flo
     rows = df[(df["arm"] == arm) & df[metric].notna()]
     for (run_id, seed), run in rows.groupby(["run_id", "seed"], sort=False, dropna=False):
         ys = run[metric].to_numpy(dtype=np.float64)
-        yield go.Scatter(x=run[x].to_numpy(dtype=np.float64), y=plotted(ema(ys, smoothing) if smoothing > 0 else ys),
-                         name=f"{name} · seed {seed}", mode="lines", showlegend=False, opacity=SEED_OPACITY,
-                         line={**line, "width": 1}, legendgroup=name, hoverinfo="skip")
+        yield {"type": "scatter", "x": run[x].to_numpy(dtype=np.float64),
+               "y": plotted(ema(ys, smoothing) if smoothing > 0 else ys), "name": f"{name} · seed {seed}",
+               "mode": "lines", "showlegend": False, "opacity": SEED_OPACITY, "line": {**line, "width": 1},
+               "legendgroup": name, "hoverinfo": "skip"}
 
 
 def drawn_metrics(frame: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
@@ -127,32 +128,44 @@ def drawn_metrics(frame: pd.DataFrame, panel: Panel, secondary: bool) -> list[st
 LEGEND_SIDE = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 10}}
 
 
+def _arm_rows(curve: pd.DataFrame):
+    """Yield (arm, columns) per arm of ``mean_curve_with_band``'s frame (arms in its order), each
+    column thinned to ``MAX_POINTS`` (``thin``): x, mean, ci_low, ci_high (float64) and n_seeds."""
+    arms = curve["arm"].to_numpy()
+    columns = {c: curve[c].to_numpy(dtype=np.float64) for c in ("x", "mean", "ci_low", "ci_high")}
+    columns["n_seeds"] = curve["n_seeds"].to_numpy()
+    bounds = np.r_[np.flatnonzero(np.r_[True, arms[1:] != arms[:-1]]), len(arms)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        keep = a + thin(b - a)
+        yield arms[a], {c: v[keep] for c, v in columns.items()}
+
+
 def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: str, smoothing: float,
                show_seeds: bool, confidence: float, height: int, band: str, secondary: bool, legend: bool) -> ArmChart:
-    """``arm_figure`` of a frame that already has its ``x`` column; ``colours``: arm -> colour."""
+    """``arm_figure`` of a frame that already has its ``x`` column; ``colours``: arm -> colour.
+    Traces are built as plain dicts and validated once, by the Figure (a go.Scatter per trace
+    validated each twice)."""
     present = drawn_metrics(frame, panel, secondary)
     traces, captions, means, lows, highs = [], [], [], [], []
     for m, metric in enumerate(present):
         curve = mean_curve_with_band(frame, metric, x, smoothing=_smoother(smoothing), confidence=confidence,
                                      band=band, bounds=panel.meta(metric).bounds)
         captions.append(aggregation_caption(curve, x, confidence, band))
-        for arm, rows in curve.groupby("arm", sort=False):
-            rows = rows.iloc[thin(len(rows))]
+        for arm, rows in _arm_rows(curve):
             name = arm if len(present) == 1 else f"{arm} · {metric.split('/', 1)[-1]}"
             hue = colours[arm]
             line = {"color": hue, "dash": _DASHES[m % len(_DASHES)], "width": 2}
             if show_seeds:
                 traces += list(_seed_traces(frame, arm, metric, x, smoothing, name, line))
-            xs, mean, low, high = (rows[c].to_numpy(dtype=np.float64) for c in ("x", "mean", "ci_low", "ci_high"))
-            means.append(mean), lows.append(low), highs.append(high)
-            bx, by = band_polygon(xs, low, high)
+            means.append(rows["mean"]), lows.append(rows["ci_low"]), highs.append(rows["ci_high"])
+            bx, by = band_polygon(rows["x"], rows["ci_low"], rows["ci_high"])
             if len(bx):
-                traces.append(go.Scatter(x=bx, y=plotted(by), name=f"{name} ({BANDS[band].label(confidence)})", mode="lines",
-                                         fill="toself", fillcolor=fill_colour(hue), line={"width": 0},
-                                         showlegend=False, legendgroup=name, hoverinfo="skip"))
-            traces.append(go.Scatter(x=xs, y=plotted(mean), customdata=rows["n_seeds"].to_numpy(), name=name,
-                                     mode="lines", line=line, legendgroup=name, showlegend=legend,
-                                     hovertemplate="%{y:.4g} (mean of %{customdata} seeds)<extra>" + name + "</extra>"))
+                traces.append({"type": "scatter", "x": bx, "y": plotted(by), "mode": "lines", "fill": "toself",
+                               "name": f"{name} ({BANDS[band].label(confidence)})", "fillcolor": fill_colour(hue),
+                               "line": {"width": 0}, "showlegend": False, "legendgroup": name, "hoverinfo": "skip"})
+            traces.append({"type": "scatter", "x": rows["x"], "y": plotted(rows["mean"]), "customdata": rows["n_seeds"],
+                           "name": name, "mode": "lines", "line": line, "legendgroup": name, "showlegend": legend,
+                           "hovertemplate": "%{y:.4g} (mean of %{customdata} seeds)<extra>" + name + "</extra>"})
     kind = panel.meta(present[0]) if present else panel.kind
     yaxis = {"title": {"text": kind.axis}}
     if means:
