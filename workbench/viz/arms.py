@@ -11,7 +11,6 @@ range from ``Panel.meta``), optionally each seed as a faint line. The statistics
 
 from __future__ import annotations
 
-import html
 from functools import partial
 from typing import NamedTuple
 
@@ -21,11 +20,11 @@ import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
 from workbench.analysis.bands import BANDS
-from workbench.viz.curves import LEGEND_PLACE, TITLE_PLACE, X_LABELS, Panel, colour, ema, plotted, resolve_panel, with_x
+from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics, ema,
+                                  line_styles, plotted, resolve_panel, with_x)
 
 BAND_ALPHA = 0.2  # the band's fill opacity: the mean line stays readable on top of it
 SEED_OPACITY = 0.3
-_DASHES = ("solid", "dash", "dot", "dashdot")  # distinguishes the metrics of one panel; colours distinguish arms
 
 
 class ArmChart(NamedTuple):
@@ -115,19 +114,6 @@ def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: flo
                "legendgroup": name, "hoverinfo": "skip"}
 
 
-def drawn_metrics(frame: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
-    """The panel's metrics with data in ``frame`` that are drawn: its primary ones, and its
-    secondary ones (min / max / per-region) only with ``secondary`` or when no primary one has data."""
-    present = [m for m in panel.metrics if m in frame.columns and frame[m].notna().any()]
-    primary = [m for m in present if not panel.meta(m).secondary]
-    return present if secondary or not primary else primary
-
-
-# A chart's own legend, where one is asked for: a column right of the plot area (plotly widens
-# the right margin for it), so it never covers the title or the curves; it scrolls when long.
-LEGEND_SIDE = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 10}}
-
-
 def _arm_rows(curve: pd.DataFrame):
     """Yield (arm, columns) per arm of ``mean_curve_with_band``'s frame (arms in its order), each
     column thinned to ``MAX_POINTS`` (``thin``): x, mean, ci_low, ci_high (float64) and n_seeds."""
@@ -176,9 +162,7 @@ def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: st
         "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
         "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}}, "yaxis": yaxis,
         "showlegend": legend, "legend": LEGEND_SIDE, "uirevision": "keep"})
-    styles = " · ".join(f"{_DASHES[m % len(_DASHES)]}: {metric}" for m, metric in enumerate(present)) \
-        if len(present) > 1 else ""
-    return ArmChart(fig, captions[0] if captions else "", styles)
+    return ArmChart(fig, captions[0] if captions else "", line_styles(present))
 
 
 def arm_colours(df: pd.DataFrame) -> dict[str, str]:
@@ -186,15 +170,6 @@ def arm_colours(df: pd.DataFrame) -> dict[str, str]:
     (run, then step order), the i-th gets ``colour(i)``."""
     ordered = df.sort_values(["run_id", "step"], kind="stable") if len(df) else df
     return {str(a): colour(i) for i, a in enumerate(pd.unique(ordered["arm"].astype(str)))} if len(df) else {}
-
-
-def legend_html(colours: dict[str, str]) -> str:
-    """The page's one legend: a coloured line and the arm's name per arm, as inline HTML (arm
-    names escaped)."""
-    swatch = ('<span style="display:inline-block;margin-right:14px;white-space:nowrap">'
-              '<span style="display:inline-block;width:18px;height:3px;background:{c};vertical-align:middle;'
-              'margin-right:5px"></span>{a}</span>')
-    return '<div class="wb-arm-legend">' + "".join(swatch.format(c=c, a=html.escape(a)) for a, c in colours.items()) + "</div>"
 
 
 def arm_figures(df: pd.DataFrame, panels: list[str], *, x: str = "step", smoothing: float = 0.0,

@@ -8,6 +8,7 @@ a DataFrame; the pages only place them.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
@@ -270,9 +271,14 @@ def _x_wall(rows: pd.DataFrame) -> pd.Series:
 X_AXES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {"step": _x_step, "tokens": _x_tokens, "wall time": _x_wall}
 
 # The legend sits in one row between the title and the plot area, so it never meets the x-axis
-# title below the plot (a legend at y < 0 was drawn over it).
+# title below the plot (a legend at y < 0 was drawn over it). Only for charts of a few entries
+# (the sweep view): a long one wraps upwards over the title.
 TITLE_PLACE = {"x": 0.0, "xanchor": "left", "y": 0.97, "yanchor": "top", "yref": "container"}
 LEGEND_PLACE = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+# A chart's own legend where one is asked for: a column right of the plot area (plotly widens the
+# right margin for it), so it never covers the title or the curves; it scrolls when long. The
+# Compare page draws no chart legend at all but one for the page (``legend_html``).
+LEGEND_SIDE = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 10}}
 # TensorBoard's default smoothing: single steps of a small-batch reward are mostly noise.
 DEFAULT_SMOOTHING = 0.6
 
@@ -345,22 +351,55 @@ def _short_metric(metric: str) -> str:
     return metric.split("/", 1)[1] if "/" in metric else metric
 
 
+def drawn_metrics(df: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
+    """The panel's metrics with data in ``df`` that are drawn: its primary ones, and its
+    secondary ones (min / max / per-region: ``Metric.secondary``) only with ``secondary`` or when
+    no primary one has data."""
+    present = [m for m in panel.metrics if m in df.columns and df[m].notna().any()]
+    primary = [m for m in present if not panel.meta(m).secondary]
+    return present if secondary or not primary else primary
+
+
+def line_styles(metrics: list[str]) -> str:
+    """Which line style is which metric in a chart of several ('' for one): the page's legend
+    names the runs or arms (colours), a chart's caption names its metrics (dashes)."""
+    return " · ".join(f"{_DASHES[m % len(_DASHES)]}: {name}" for m, name in enumerate(metrics)) if len(metrics) > 1 else ""
+
+
+def legend_html(colours: Mapping[str, str]) -> str:
+    """The page's one legend: a coloured line and the name per run or arm (``colours``: name ->
+    colour, as the charts draw them), as inline HTML, names escaped."""
+    swatch = ('<span style="display:inline-block;margin-right:14px;white-space:nowrap">'
+              '<span style="display:inline-block;width:18px;height:3px;background:{c};vertical-align:middle;'
+              'margin-right:5px"></span>{a}</span>')
+    return ('<div class="wb-legend">' + "".join(swatch.format(c=c, a=html.escape(str(a))) for a, c in colours.items())
+            + "</div>")
+
+
+def run_colours(df: pd.DataFrame, labels: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Run label -> its colour in ``metric_figure`` (runs in order of first appearance in ``df``)."""
+    labels = labels or {}
+    return {labels.get(r, r): colour(i) for i, r in enumerate(dict.fromkeys(df["run_id"]))} if len(df) else {}
+
+
 def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoothing: float = 0.0,
-                  labels: Mapping[str, str] | None = None, height: int = 300) -> go.Figure:
+                  labels: Mapping[str, str] | None = None, height: int = 300, secondary: bool = False,
+                  legend: bool = True) -> go.Figure:
     """One panel (a Panel or a chart key, see ``resolve_panel``) as a line chart: a trace per
-    (run, metric present in ``df``).
+    (run, metric drawn: ``drawn_metrics``, secondary series only with ``secondary``).
 
     Trace names are ``LABEL`` for one-metric panels and ``LABEL · metric`` otherwise (LABEL =
     ``labels[run_id]`` or the run id). With ``smoothing`` > 0 the EMA is drawn and the raw values
     are kept as a faint line behind it (named ``... (raw)``, not in the legend). Runs keep one
-    colour across panels (order of first appearance in ``df``).
+    colour across panels (``run_colours``). The y-axis is titled with the metric's unit; the
+    legend (``legend``) sits right of the plot area, or is left to the page (``legend_html``).
     """
     panel = resolve_panel(panel) if isinstance(panel, str) else panel
     if x not in X_AXES:
         raise ValueError(f"x={x!r} is not allowed; choose one of: {', '.join(X_AXES)}")
     labels = labels or {}
-    fig = go.Figure()
-    present = [m for m in panel.metrics if m in df.columns and df[m].notna().any()]
+    traces = []
+    present = drawn_metrics(df, panel, secondary)
     run_ids = list(dict.fromkeys(df["run_id"])) if len(df) else []
     for r, run_id in enumerate(run_ids):
         rows = df[df["run_id"] == run_id].sort_values("step")
@@ -374,20 +413,20 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
             ys = rows[metric].to_numpy(dtype=np.float64)
             line = {"color": line_colour, "dash": _DASHES[m % len(_DASHES)], "width": 2}
             if smoothing > 0:
-                fig.add_trace(go.Scatter(x=xs, y=ys, name=f"{name} (raw)", mode="lines", showlegend=False,
-                                         opacity=0.25, line={**line, "width": 1}, hoverinfo="skip",
-                                         legendgroup=name))
+                traces.append({"type": "scatter", "x": xs, "y": ys, "name": f"{name} (raw)", "mode": "lines",
+                               "showlegend": False, "opacity": 0.25, "line": {**line, "width": 1},
+                               "hoverinfo": "skip", "legendgroup": name})
                 ys = ema(ys, smoothing)
             # connectgaps: a metric logged every N steps (eval/*) is one line through its points, not
             # isolated points that a lines-only trace would not draw at all
-            fig.add_trace(go.Scatter(x=xs, y=plotted(ys), name=name, mode="lines", line=line, legendgroup=name,
-                                     connectgaps=True))
-    fig.update_layout(
-        title={"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, height=height,
-        margin={"l": 40, "r": 10, "t": 70, "b": 40}, xaxis_title=X_LABELS[x], legend=LEGEND_PLACE,
-        uirevision="keep",  # zoom survives updates
-    )
-    return fig
+            traces.append({"type": "scatter", "x": xs, "y": plotted(ys), "name": name, "mode": "lines", "line": line,
+                           "legendgroup": name, "connectgaps": True, "showlegend": legend})
+    kind = panel.meta(present[0]) if present else panel.kind
+    return go.Figure(data=traces, layout={
+        "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
+        "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}},
+        "yaxis": {"title": {"text": kind.axis}}, "showlegend": legend, "legend": LEGEND_SIDE,
+        "uirevision": "keep"})  # zoom survives updates
 
 
 def compare_figures(df: pd.DataFrame, panels: list[str] | None = None, **kwargs) -> dict[str, go.Figure]:
