@@ -140,12 +140,16 @@ def _legend(colours: dict[str, str]) -> None:
 
 
 def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = None) -> None:
+    """Charts in COLUMNS columns, each with its caption when ``captions`` is given. The caption
+    element is written even when empty: the page keeps one shape from redraw to redraw, so a
+    caption that comes or goes while runs are live (a chart whose seeds differ) does not shift
+    the elements after it, which remounted those charts blank for a moment."""
     keys = list(figures)
     for start in range(0, len(keys), COLUMNS):
         for col, key in zip(st.columns(COLUMNS), keys[start:start + COLUMNS]):
             col.plotly_chart(figures[key], key=f"{prefix}:{key}", config={"displaylogo": False})
-            if captions and captions.get(key):
-                col.caption(captions[key])
+            if captions is not None:
+                col.caption(captions.get(key, ""))
 
 
 def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> None:
