@@ -47,23 +47,17 @@ def overlap(a, b) -> bool:
 def two_seed_group(e2e_home):
     """Two arms x 2 finished seeds, the newest group of the server's store: the zero-std fraction
     of the seeds of an arm 0.5 apart (a t-band of 0.5 x 12.7 / 2 each side), reward as usual."""
-    from tests.ui.seed import metrics_event
-    from workbench.recipe import load_recipe
+    from tests.ui.seed import add_arm_run, metrics_event
 
     store = RunStore(e2e_home / "runs.db")
     for arm, offset in (("grpo", 0.0), ("rloo", 0.1)):
         for seed in range(2):
-            run_id = f"charts-{arm}-{seed}"
-            store.create_run(run_id=run_id, name=arm, algorithm=arm, total_steps=30, target="local", launcher="local",
-                             recipe_yaml=load_recipe(arm, [f"train.seed={seed}"]).to_yaml(), host="localhost",
-                             created_by="erin", run_dir=str(e2e_home / "runs" / run_id), group="charts-e2e", arm=arm)
             events = []
             for step in range(30):
                 event = metrics_event(step, 2000.0 + step, offset)
                 event["metrics"]["frac_reward_zero_std"] = round(0.2 + offset + 0.5 * seed + 0.002 * step, 6)
                 events.append(event)
-            store.ingest(run_id, events)
-            store.set_status(run_id, "finished")
+            add_arm_run(store, f"charts-{arm}-{seed}", arm, seed, events, group="charts-e2e", home=e2e_home)
     return store
 
 
