@@ -11,8 +11,8 @@ import pytest
 
 from tests.ui.figspec import traces
 from workbench.analysis import mean_curve_with_band
-from workbench.viz.arms import MARGIN, MAX_POINTS, arm_colours, arm_figure, arm_figures, thin
-from workbench.viz.curves import PANELS, UNKNOWN, legend_html, metric_figure
+from workbench.viz.arms import MAX_POINTS, arm_colours, arm_figure, arm_figures, thin
+from workbench.viz.curves import MARGIN, PANELS, UNKNOWN, legend_html, metric_figure
 
 EVERY_METRIC = sorted({m for p in PANELS.values() for m in p.metrics})
 
@@ -111,9 +111,16 @@ def test_a_two_seed_band_does_not_squash_the_means_and_stays_in_range():
     assert layout["yaxis"]["range"] == pytest.approx([lo - pad, hi + pad]) and layout["yaxis"]["autorange"] is False
     band = [t for t in traces(spec(arm_figure(frame, "frac_reward_zero_std").figure)) if t.get("fill") == "toself"][0]
     assert min(band["y"]) == 0.0 and max(band["y"]) == pytest.approx(0.29 + 12.706204736174707 * 0.05)
-    # a narrow band leaves the range to plotly
+    # a narrow band: the range holds it whole (means 0.005 to 2.005, band half-width 12.7 x 0.005)
     close = two_seeds("reward", [0.0, 1.0, 2.0], [0.01, 1.01, 2.01])
-    assert "range" not in spec(arm_figure(close, "reward").figure)["layout"]["yaxis"]
+    half = 12.706204736174707 * 0.005
+    span = 2.0 + 2 * half
+    assert spec(arm_figure(close, "reward").figure)["layout"]["yaxis"]["range"] == pytest.approx(
+        [0.005 - half - MARGIN * span, 2.005 + half + MARGIN * span])
+    # a flat line of a non-negative metric: around its value, not from -0.5 (plotly's autorange)
+    flat = two_seeds("reward_std", [0.3, 0.3], [0.3, 0.3])
+    assert spec(arm_figure(flat, "reward_std").figure)["layout"]["yaxis"]["range"] == pytest.approx([0.27, 0.33])
+    assert spec(metric_figure(flat, "reward_std"))["layout"]["yaxis"]["range"] == pytest.approx([0.27, 0.33])
     # means at a bound: the margin never goes further past the range than itself
     zeros = two_seeds("frac_reward_zero_std", [0.0, 0.0, 0.0], [0.0, 0.0, 0.2])
     assert spec(arm_figure(zeros, "frac_reward_zero_std").figure)["layout"]["yaxis"]["range"][0] >= -MARGIN * 0.1 - 1e-12

@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
 from workbench.analysis.bands import BANDS
-from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics, ema,
-                                  line_styles, plotted, resolve_panel, with_x)
+from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
+                                  ema, line_styles, plotted, resolve_panel, with_x, y_range)
 
 BAND_ALPHA = 0.2  # the band's fill opacity: the mean line stays readable on top of it
 SEED_OPACITY = 0.3
@@ -43,12 +43,6 @@ class ArmChart(NamedTuple):
 # are computed from all seeds' full curves (smoothing included) first: thinning picks rows, it
 # never averages or changes them. 600 keeps 1,000 steps at k = 2.
 MAX_POINTS = 600
-# The y-axis follows the mean curves, not the band, when the band is more than SWAMP times as
-# tall as the means' spread: a 2-seed t-band (t_{.975,1} = 12.7) otherwise squashes every mean
-# flat. The range is then the means' span plus MARGIN of it each side, kept inside the metric's
-# possible range (plus the margin).
-SWAMP = 3.0
-MARGIN = 0.1
 
 
 def fill_colour(hex_colour: str, alpha: float = BAND_ALPHA) -> str:
@@ -81,22 +75,6 @@ def thin(n: int, max_points: int = MAX_POINTS) -> np.ndarray:
     step = max(1, -(-n // max_points))
     keep = np.arange(0, n, step)
     return keep if n == 0 or keep[-1] == n - 1 else np.r_[keep, n - 1]
-
-
-def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tuple[float, float]) -> list[float] | None:
-    """The y-axis range when the band would swamp the means (band span > SWAMP x the means'
-    span): the means' span with MARGIN of it each side, inside ``bounds`` widened by that margin;
-    None (plotly's autorange) otherwise. Arrays: every drawn point of the chart's curves."""
-    means = means[np.isfinite(means)]
-    edges = np.r_[lows[np.isfinite(lows)], highs[np.isfinite(highs)], means]
-    if not len(means):
-        return None
-    lo, hi = float(means.min()), float(means.max())
-    band = float(edges.max() - edges.min())
-    if band <= SWAMP * (hi - lo):
-        return None
-    pad = MARGIN * ((hi - lo) or abs(hi) or 1.0)
-    return [max(lo - pad, bounds[0] - pad), min(hi + pad, bounds[1] + pad)]
 
 
 def _smoother(smoothing: float):

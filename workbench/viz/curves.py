@@ -351,6 +351,31 @@ def _short_metric(metric: str) -> str:
     return metric.split("/", 1)[1] if "/" in metric else metric
 
 
+# The y-axis follows the mean curves, not the band, when the band is more than SWAMP times as
+# tall as the means' spread: a 2-seed t-band (t_{.975,1} = 12.7) otherwise squashes every mean
+# flat. The range is the span drawn plus MARGIN of it each side, kept inside the metric's
+# possible range (plus the margin): ``y_range``.
+SWAMP = 3.0
+MARGIN = 0.1
+
+
+def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tuple[float, float]) -> list[float] | None:
+    """The y-axis range: the span of the means and bands, or of the means alone when the band
+    would swamp them (band span > SWAMP x the means' span), with MARGIN of that span each side
+    (of the value itself, or 1, for a flat line), kept inside ``bounds`` widened by the margin.
+    Set explicitly: plotly's autorange put a flat line of a non-negative metric at 0.3 on an axis
+    from -0.5 to 1. None when nothing finite is drawn. Arrays: every drawn point of the chart."""
+    means = means[np.isfinite(means)]
+    if not len(means):
+        return None
+    edges = np.r_[lows[np.isfinite(lows)], highs[np.isfinite(highs)], means]
+    lo, hi = float(means.min()), float(means.max())
+    if float(edges.max() - edges.min()) <= SWAMP * (hi - lo):
+        lo, hi = float(edges.min()), float(edges.max())
+    pad = MARGIN * ((hi - lo) or abs(hi) or 1.0)
+    return [max(lo - pad, bounds[0] - pad), min(hi + pad, bounds[1] + pad)]
+
+
 def drawn_metrics(df: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
     """The panel's metrics with data in ``df`` that are drawn: its primary ones, and its
     secondary ones (min / max / per-region: ``Metric.secondary``) only with ``secondary`` or when
@@ -422,10 +447,13 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
             traces.append({"type": "scatter", "x": xs, "y": plotted(ys), "name": name, "mode": "lines", "line": line,
                            "legendgroup": name, "connectgaps": True, "showlegend": legend})
     kind = panel.meta(present[0]) if present else panel.kind
+    drawn = np.concatenate([t["y"] for t in traces]) if traces else np.empty(0)
+    fixed = y_range(drawn, drawn, drawn, kind.bounds)
     return go.Figure(data=traces, layout={
         "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
         "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}},
-        "yaxis": {"title": {"text": kind.axis}}, "showlegend": legend, "legend": LEGEND_SIDE,
+        "yaxis": {"title": {"text": kind.axis}, **({"range": fixed, "autorange": False} if fixed else {})},
+        "showlegend": legend, "legend": LEGEND_SIDE,
         "uirevision": "keep"})  # zoom survives updates
 
 
