@@ -125,6 +125,11 @@ def test_a_two_seed_band_does_not_squash_the_means_and_stays_in_range():
     flat = two_seeds("reward_std", [0.3, 0.3], [0.3, 0.3])
     assert spec(arm_figure(flat, "reward_std").figure)["layout"]["yaxis"]["range"] == pytest.approx([0.27, 0.33])
     assert spec(metric_figure(flat, "reward_std"))["layout"]["yaxis"]["range"] == pytest.approx([0.27, 0.33])
+    # smoothed, the EMA of the constant is off by ~1e-17 at some steps: still the flat line's range
+    flat = two_seeds("reward_std", [0.3] * 20, [0.3] * 20)
+    assert spec(arm_figure(flat, "reward_std", smoothing=0.6).figure)["layout"]["yaxis"]["range"] == pytest.approx(
+        [0.27, 0.33])
+    assert spec(metric_figure(flat, "reward_std", smoothing=0.6))["layout"]["yaxis"]["range"] == pytest.approx([0.27, 0.33])
     # means at a bound: the margin never goes further past the range than itself
     zeros = two_seeds("frac_reward_zero_std", [0.0, 0.0, 0.0], [0.0, 0.0, 0.2])
     assert spec(arm_figure(zeros, "frac_reward_zero_std").figure)["layout"]["yaxis"]["range"][0] >= -MARGIN * 0.1 - 1e-12

@@ -365,6 +365,9 @@ def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tupl
     (of the value itself, or 1, for a flat line), kept inside ``bounds`` widened by the margin.
     Set explicitly: plotly's autorange put a flat line of a non-negative metric at 0.3 on an axis
     from -0.5 to 1. None when nothing finite is drawn. Arrays: every drawn point of the chart."""
+    # as drawn (``plotted``): the EMA of a constant differs from it by ~1e-17, a "span" that
+    # zoomed the axis onto one line with no tick on it
+    means, lows, highs = plotted(means), plotted(lows), plotted(highs)
     means = means[np.isfinite(means)]
     if not len(means):
         return None
