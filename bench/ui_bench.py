@@ -1,7 +1,8 @@
 """UI benchmarks: (1) server-side render time of the Live / Compare page with 10 runs x 1,000
 steps (target < 1 s), against a 1 run x 10 steps baseline in the same script; (2) the same for the
 arms view (mean curves with 95% bands, verdict table) of 10 arms x 3 seeds x 1,000 steps, against
-2 arms x 2 seeds x 10 steps; (3) live-update latency from a step's event being written to
+2 arms x 2 seeds x 10 steps (target: at most 1.5x that baseline; the ratio is reported with its
+spread); (3) live-update latency from a step's event being written to
 events.jsonl to the browser's chart showing it (real `streamlit run` + Debian chromium via
 Playwright; needs /usr/bin/chromium).
 
@@ -23,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SCRATCH = tempfile.mkdtemp(prefix="wb-ui-bench-")
+ARMS_RATIO_TARGET = 1.5  # the arms view's big case at most this many times its small baseline
 
 
 def fill_store(home: Path, runs: int, steps: int, seeds: int = 1) -> list[str]:
@@ -88,7 +90,7 @@ def render_times(runs: int, steps: int, repeats: int, seeds: int = 1, cold: bool
     compare_figures(df) if seeds == 1 else arm_figures(df, available_panels(df), smoothing=0.6)
     t_figs = time.perf_counter() - t
     what = f"{runs} runs" if seeds == 1 else f"{runs} arms x {seeds} seeds"
-    print(f"  {what} x {steps} steps: store query {t_query * 1e3:.0f} ms, figures {t_figs * 1e3:.0f} ms")
+    print(f"  {what} x {steps} steps: store query {t_query * 1e3:.0f} ms, figures {t_figs * 1e3:.0f} ms (one run each)")
     return times
 
 
@@ -97,12 +99,16 @@ def spread(times: list[float]) -> str:
     return f"median {statistics.median(times):.3f} s (min {min(times):.3f}, max {max(times):.3f}, n {len(times)})"
 
 
-def report(label: str, base: list[float], big: list[float]) -> None:
-    """The big case against its small baseline: medians with min/max, the target, the ratio."""
+def report(label: str, base: list[float], big: list[float], ratio_target: float | None = None) -> None:
+    """The big case against its small baseline: medians with min/max, the target (< 1 s, or at
+    most ``ratio_target`` x the baseline's median), the ratio of medians and its spread (the
+    fastest big run over the slowest baseline run, and the slowest over the fastest)."""
     med, ratio = statistics.median(big), statistics.median(big) / statistics.median(base)
+    target = (f"target <= {ratio_target:g}x baseline: {'met' if ratio <= ratio_target else 'MISSED'}" if ratio_target
+              else f"target < 1 s: {'met' if med < 1 else 'MISSED'}")
     print(f"  baseline: {spread(base)}")
-    print(f"  {label}: {spread(big)} (target < 1 s: {'met' if med < 1 else 'MISSED'}); ratio to baseline "
-          f"{ratio:.1f}x (min/max ratio {min(big) / max(base):.1f}-{max(big) / min(base):.1f}x)")
+    print(f"  {label}: {spread(big)} ({target}); ratio to baseline "
+          f"{ratio:.2f}x (spread {min(big) / max(base):.2f}-{max(big) / min(base):.2f}x)")
 
 
 def latency(steps: int) -> list[float]:
@@ -174,10 +180,11 @@ def main() -> None:
            render_times(args.runs, args.steps, args.repeats))
     print("Compare page, arms view (mean +- 95% band per arm, verdict table), server-side render:")
     base = render_times(2, 10, args.repeats, seeds=2)
+    # issue 19: the arms view of 10 arms x 3 seeds x 1,000 steps within 1.5x of this small baseline
     report(f"{args.arms} arms x {args.seeds} seeds x {args.steps} steps, cold (new data)", base,
-           render_times(args.arms, args.steps, args.repeats, seeds=args.seeds))
+           render_times(args.arms, args.steps, args.repeats, seeds=args.seeds), ratio_target=ARMS_RATIO_TARGET)
     report(f"{args.arms} arms x {args.seeds} seeds x {args.steps} steps, warm (same data, a widget changed)", base,
-           render_times(args.arms, args.steps, args.repeats, seeds=args.seeds, cold=False))
+           render_times(args.arms, args.steps, args.repeats, seeds=args.seeds, cold=False), ratio_target=ARMS_RATIO_TARGET)
     sys.stdout.flush()
     if args.latency_steps:
         lat = latency(args.latency_steps)

@@ -163,7 +163,7 @@ def _curves_section(frame: pd.DataFrame, smoothing: float) -> tuple[str, int]:
     from workbench.viz.curves import PANELS, has_data
 
     keys = [k for k in PANELS if has_data(frame, k)]
-    charts = arm_figures(frame, keys, smoothing=smoothing)
+    charts = arm_figures(frame, keys, smoothing=smoothing, legend=True)  # a report's chart stands alone
     if not charts:
         return "<h2>Curves</h2><p>No metric logged yet.</p>", 0
     how = f"EMA smoothing {smoothing:g} of each seed before the mean" if smoothing else "no smoothing"

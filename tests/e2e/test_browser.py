@@ -191,18 +191,13 @@ REWARD_BANDS = """() => {
 def test_arms_view_draws_bands_and_the_verdict(browser_page, server, store, e2e_home, screenshots):
     """Two arms x 3 seeds (finished runs in the server's store): Live / Compare opens on the arms
     view, the reward chart has a 95% band per arm, and the verdict table is drawn."""
-    from tests.ui.seed import metrics_event
-    from workbench.recipe import load_recipe
+    from tests.ui.seed import add_arm_run, metrics_event
 
     for arm, offset in (("grpo", 0.0), ("rloo", 0.3)):
         for seed in range(3):
-            run_id = f"arms-{arm}-{seed}"
-            store.create_run(run_id=run_id, name=arm, algorithm=arm, total_steps=20, target="local", launcher="local",
-                             recipe_yaml=load_recipe(arm, [f"train.seed={seed}"]).to_yaml(), host="localhost",
-                             created_by="erin", run_dir=str(e2e_home / "runs" / run_id), group="arms-e2e", arm=arm)
-            events = [metrics_event(step, 1000.0 + step, offset + 0.02 * seed) for step in range(20)]
-            store.ingest(run_id, events)
-            store.set_status(run_id, "finished")
+            add_arm_run(store, f"arms-{arm}-{seed}", arm, seed,
+                        [metrics_event(step, 1000.0 + step, offset + 0.02 * seed) for step in range(20)],
+                        group="arms-e2e", home=e2e_home)
     page = browser_page
     page.goto(f"{server}/compare")  # opens on the newest group
     bands = wait_until(lambda: page.evaluate(REWARD_BANDS), 60, "the reward chart's bands", page=page)

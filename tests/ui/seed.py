@@ -55,6 +55,18 @@ def add_run(store: RunStore, *, preset: str = "grpo", name: str | None = None, s
     return run_id
 
 
+def add_arm_run(store: RunStore, run_id: str, arm: str, seed: int, events: list[dict], *, group: str, home: Path,
+                owner: str = "erin") -> str:
+    """A finished run of ``arm`` (also its preset) trained with ``seed`` in ``group``, its run
+    directory under ``home``, with ``events`` ingested; returns its id."""
+    store.create_run(run_id=run_id, name=arm, algorithm=arm, total_steps=len(events), target="local", launcher="local",
+                     recipe_yaml=load_recipe(arm, [f"train.seed={seed}"]).to_yaml(), host="localhost",
+                     created_by=owner, run_dir=str(home / "runs" / run_id), group=group, arm=arm)
+    store.ingest(run_id, events)
+    store.set_status(run_id, "finished")
+    return run_id
+
+
 def run_dir(run_id: str) -> Path:
     path = workbench_home() / "runs" / run_id
     path.mkdir(parents=True, exist_ok=True)

@@ -38,8 +38,13 @@ def test_group_shows_every_panel_with_one_trace_per_run(home, group):
     assert [t["name"] for t in reward] == ["grpo (raw)", "grpo", "rloo (raw)", "rloo"]  # smoothed by default
     assert reward[0]["x"] == [0.0, 1.0, 2.0, 3.0] and reward[0]["y"] == [0.0, 0.01, 0.02, 0.03]
     assert reward[2]["y"] == [0.5, 0.51, 0.52, 0.53]
-    assert [t["name"] for t in figs["Clip ratios"]][1:6:2] == ["grpo · low_mean", "grpo · high_mean", "grpo · region_mean"]
+    # the clip panel's main series is the either-side region; low / high are behind "Secondary series"
+    assert [t["name"] for t in figs["Clip ratios"]][1::2] == ["grpo", "rloo"]
     assert [t["name"] for t in figs["Losses"] if not t["name"].endswith("(raw)")] == ["grpo", "rloo"]  # no value loss
+    assert not any(t["showlegend"] for fig in figs.values() for t in fig)  # one legend for the page instead
+    at.toggle(key="compare_secondary").set_value(True).run()
+    assert [t["name"] for t in charts(at)["Clip ratios"]][1:6:2] == ["grpo · low_mean", "grpo · high_mean",
+                                                                     "grpo · region_mean"]
 
 
 def test_smoothing_defaults_to_tensorboards_ema_with_the_raw_curve_faint(home, group):

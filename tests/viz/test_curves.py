@@ -60,7 +60,10 @@ def test_one_metric_panel_has_one_trace_per_run():
 
 
 def test_clip_panel_has_low_high_region_per_run():
-    fig = spec(metric_figure(frame(), "clip"))
+    """The either-side region is the clip panel's main series; low / high are secondary, drawn
+    on request (the page's "Secondary series" toggle)."""
+    assert [t["name"] for t in spec(metric_figure(frame(), "clip"))["data"]] == ["a", "b"]
+    fig = spec(metric_figure(frame(), "clip", secondary=True))
     names = [t["name"] for t in fig["data"]]
     assert names == ["a · low_mean", "a · high_mean", "a · region_mean", "b · low_mean", "b · high_mean", "b · region_mean"]
     assert fig["data"][2]["y"] == [0.0, 0.15, 0.3]
@@ -120,21 +123,19 @@ def test_step_label_counts_steps_done():
     assert (step_label(-1, 30), step_label(14, 30), step_label(29, 30)) == ("0/30", "15/30", "30/30")
 
 
-def test_legend_sits_above_the_plot_away_from_the_x_axis_title():
-    """The x-axis title is drawn under the plot area (paper y < 0); a legend at y = -0.2 covered it.
-    The legend now starts above the plot area (paper y > 1, anchored at its bottom) in one row,
-    under a title placed at the top of the figure, with a top margin that holds both."""
+def test_legend_sits_right_of_the_plot_area_away_from_the_title():
+    """A legend above the plot wrapped into rows over the chart's title once it held many runs; a
+    legend below covered the x-axis title. A chart's own legend now starts right of the plot area
+    (paper x > 1: plotly widens the right margin for it), and the Compare page turns chart legends
+    off for one page legend."""
     for key in ("reward", "clip"):
         layout = spec(metric_figure(frame(), key, labels={"a": "grpo", "b": "rloo"}))["layout"]
         legend = layout["legend"]
-        assert legend["orientation"] == "h" and legend["yanchor"] == "bottom" and legend["y"] > 1.0
+        assert legend["orientation"] == "v" and legend["xanchor"] == "left" and legend["x"] > 1.0
         assert layout["xaxis"]["title"]["text"] == "step"
         assert layout["title"]["yref"] == "container" and layout["title"]["yanchor"] == "top"
-        top_px = layout["margin"]["t"]
-        plot_px = layout["height"] - top_px - layout["margin"]["b"]
-        legend_bottom_px = (legend["y"] - 1.0) * plot_px  # above the plot area
-        title_px = (1.0 - layout["title"]["y"]) * layout["height"] + layout["title"]["font"]["size"] * 1.5
-        assert legend_bottom_px + 20 + title_px <= top_px  # one legend row (~20 px) and the title fit
+    layout = spec(metric_figure(frame(), "reward", legend=False))
+    assert layout["layout"]["showlegend"] is False and not any(t["showlegend"] for t in layout["data"])
 
 
 def test_a_constant_metric_is_drawn_flat_after_smoothing():

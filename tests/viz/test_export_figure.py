@@ -69,6 +69,11 @@ def test_svg_parses_and_draws_every_trace(reward_figure, chromium):
     assert len(groups) == len(reward_figure.data) == 2 * (3 + 2)  # per arm 3 seeds, the band, the mean
     texts = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
     assert "Reward (batch mean)" in texts and {"grpo", "rloo"} <= texts  # title and legend
+    # the page's chart leaves its legend to the page; the exported image has its own, listing the
+    # mean lines only (not bands or seeds), and the page's figure is left as it was
+    assert not reward_figure.layout.showlegend
+    legend = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if "traces" in g.get("class", "").split()]
+    assert len(legend) == 2
 
 
 def read_csv(data: bytes) -> pd.DataFrame:

@@ -467,9 +467,15 @@ class RunStore:
     def metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
         """One row per (run, step): ``run_id``, ``step``, ``time`` and every logged metric."""
         rows = self._payload_rows("metrics", list(run_ids))
-        records = [{"run_id": r["run_id"], "step": r["step"], "time": r["time"], **json.loads(r["data"])} for r in rows]
-        frame = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=["run_id", "step", "time"])
-        return frame.astype({"step": int}) if len(frame) else frame
+        if not rows:
+            return pd.DataFrame(columns=["run_id", "step", "time"])
+        # one JSON array decoded at once and the key columns built apart: per-row json.loads and
+        # dict merging took ~40% of reading 30 runs x 1,000 steps
+        values = pd.DataFrame.from_records(json.loads("[" + ",".join([r["data"] for r in rows]) + "]"))
+        keys = pd.DataFrame({"run_id": [r["run_id"] for r in rows],
+                             "step": pd.Series([r["step"] for r in rows], dtype="int64"),
+                             "time": [r["time"] for r in rows]})
+        return pd.concat([keys, values.drop(columns=[c for c in keys.columns if c in values.columns])], axis=1)
 
     def arm_metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
         """The long frame of ``workbench.analysis``: one row per (run, step) with ``run_id``, ``arm``,

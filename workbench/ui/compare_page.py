@@ -1,7 +1,7 @@
 """Live / Compare: curves of chosen runs (or a comparison group) side by side, updating in place
 while runs are live, with smoothing and x-axis controls, sample completions per step and a
 final-metrics table. The arms view draws per arm (a recipe minus its seed) the mean curve over its
-seeds with a 95% band, the verdict table (is a gap real?) and, for sweeps, the final metric
+seeds with a band (95% CI of the mean, +-1 SE or min-max, clipped to the metric's range), the verdict table (is a gap real?) and, for sweeps, the final metric
 against each swept value.
 
 Two fragments: the status line re-runs every ``STATUS_EVERY_S``; the charts every
@@ -22,19 +22,21 @@ from workbench import runs as wr
 from workbench.analysis import DEFAULT_WINDOW_FRAC, default_metric, final_window_values, sweep_table
 from workbench.analysis.stats import DuplicateSeedError
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
+from workbench.analysis.bands import BANDS
 from workbench.report import SWEEP_CAPTION, arm_sweeps, report_html
 from workbench.runs.names import slug
-from workbench.viz.arms import arm_figures, sweep_figures
+from workbench.viz.arms import arm_colours, arm_figures, sweep_figures
 from workbench.viz.export_figure import FORMATS, figure_bytes, file_name
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
-                                  final_metrics_table, has_data, logged_metrics, progress, resolve_panel,
-                                  step_label)
+                                  drawn_metrics, final_metrics_table, has_data, legend_html, line_styles, logged_metrics, progress,
+                                  resolve_panel, run_colours, step_label)
 
 STATUS_EVERY_S = 1.0
 CHARTS_EVERY_S = 5.0
 COLUMNS = 2
 VIEWS = ("per run", "arms")
 MAX_ALL_PAIRS = 4  # arms up to which the verdict compares every pair by default
+BAND_CHOICES = {"ci": "95% CI of the mean", "se": "±1 SE", "minmax": "min-max over seeds"}  # BANDS keys -> labels
 
 
 def _open_requested(runs, groups: list[str]) -> None:
@@ -97,7 +99,17 @@ def _controls(ids: list[str], runs) -> dict:
                          "seed) the mean over its seeds with a 95% confidence band, and the verdict table.")
     seeds = cols[1].toggle("Show seeds", key="compare_seeds", disabled=view != "arms",
                            help="Each seed of an arm as a faint line behind its mean.")
-    return {"smoothing": smoothing, "x": x, "panels": panels, "view": view, "seeds": seeds, "logged": set(logged)}
+    band = cols[2].radio("Band", list(BANDS), format_func=BAND_CHOICES.get, horizontal=True, key="compare_band",
+                         disabled=view != "arms",
+                         help="Around each arm's mean over seeds: the 95% Student-t interval of the mean (wide with "
+                         "2-3 seeds), +-1 standard error, or the range the seeds covered. Clipped to the metric's "
+                         "possible range (a fraction's band stays in [0, 1]).")
+    secondary = st.toggle("Secondary series", key="compare_secondary",
+                          help="Also draw each chart's secondary lines: the batch min / max beside a mean length or "
+                          "importance ratio, the low / high / dual clip regions beside either-side clipping, the "
+                          "generation and training parts of the step time.")
+    return {"smoothing": smoothing, "x": x, "panels": panels, "view": view, "seeds": seeds, "band": band,
+            "secondary": secondary, "logged": set(logged)}
 
 
 def _chart_help(keys: list[str]) -> None:
@@ -189,13 +201,22 @@ def _live_status(ids: list[str], was_live: bool) -> None:
         st.rerun(scope="app")  # every run ended: one full rerun draws the last steps and turns polling off
 
 
+def _legend(colours: dict[str, str]) -> None:
+    """The page's one legend (charts draw none: an arm or run has one colour on every chart)."""
+    st.markdown(legend_html(colours), unsafe_allow_html=True)
+
+
 def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = None) -> None:
+    """Charts in COLUMNS columns, each with its caption when ``captions`` is given. The caption
+    element is written even when empty: the page keeps one shape from redraw to redraw, so a
+    caption that comes or goes while runs are live (a chart whose seeds differ) does not shift
+    the elements after it, which remounted those charts blank for a moment."""
     keys = list(figures)
     for start in range(0, len(keys), COLUMNS):
         for col, key in zip(st.columns(COLUMNS), keys[start:start + COLUMNS]):
             col.plotly_chart(figures[key], key=f"{prefix}:{key}", config={"displaylogo": False})
-            if captions and captions.get(key):
-                col.caption(captions[key])
+            if captions is not None:
+                col.caption(captions.get(key, ""))
             _figure_downloads(col, figures[key], f"{prefix}:{key}")
 
 
@@ -226,8 +247,11 @@ def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> Non
         st.info("Waiting for the first step of the selected runs…")
     else:
         keys = [k for k in controls["panels"] if has_data(metrics, k)]
-        _chart_grid(compare_figures(metrics, keys, x=controls["x"], smoothing=controls["smoothing"], labels=labels),
-                    "chart")
+        _legend(run_colours(metrics, labels))
+        figures = compare_figures(metrics, keys, x=controls["x"], smoothing=controls["smoothing"], labels=labels,
+                                  secondary=controls["secondary"], legend=False)
+        _chart_grid(figures, "chart", {key: line_styles(drawn_metrics(metrics, resolve_panel(key), controls["secondary"]))
+                                       for key in figures})
         st.subheader("Final metrics")
         st.dataframe(final_metrics_table(metrics, labels), hide_index=True)
 
@@ -249,10 +273,12 @@ def _frame(stamp: tuple, ids: tuple[str, ...]):
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _arm_charts(stamp: tuple, ids: tuple[str, ...], panels: tuple[str, ...], x: str, smoothing: float, seeds: bool):
-    """The arms view's charts for data ``stamp`` and these controls (~0.6 s for 10 arms x 3 seeds x
+def _arm_charts(stamp: tuple, ids: tuple[str, ...], panels: tuple[str, ...], x: str, smoothing: float, seeds: bool,
+                band: str, secondary: bool):
+    """The arms view's charts for data ``stamp`` and these controls (~0.3 s for 10 arms x 3 seeds x
     1,000 steps: changing the verdict's controls must not pay it again)."""
-    return arm_figures(_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds)
+    return arm_figures(_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds, band=band,
+                       secondary=secondary)
 
 
 def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
@@ -263,14 +289,17 @@ def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
         st.info("Waiting for the first step of the selected runs…")
         return
     keys = tuple(k for k in controls["panels"] if has_data(frame, k))  # metric:NAME keys too: in the cache key
-    charts = _arm_charts(stamp, tuple(ids), keys, controls["x"], controls["smoothing"], controls["seeds"])
+    charts = _arm_charts(stamp, tuple(ids), keys, controls["x"], controls["smoothing"], controls["seeds"],
+                         controls["band"], controls["secondary"])
     captions = {key: chart.caption for key, chart in charts.items()}
     # what every chart aggregates, said once; a chart whose seeds differ (a metric some runs do
-    # not log) says its own under it
+    # not log) says its own under it, and a chart of several metrics which line style is which
     common = max(captions.values(), key=list(captions.values()).count, default="")
     st.caption(f"Mean over seeds per arm: {common}")
+    _legend(arm_colours(frame))
     _chart_grid({key: chart.figure for key, chart in charts.items()}, "arms",
-                {key: c for key, c in captions.items() if c != common})
+                {key: " · ".join(filter(None, (chart.styles, chart.caption if chart.caption != common else "")))
+                 for key, chart in charts.items()})
     metric, window = _verdict(frame)
     _sweep_view(ids, frame, metric, window)
 

@@ -2,9 +2,11 @@
 
 Input is ``RunStore.arm_metrics(...)``: one row per (run, step) with ``run_id``, ``arm``, ``seed``,
 ``step``, ``time`` and the logged metrics. Per arm a panel draws the mean curve over its seeds and
-the 95% confidence band around it (``workbench.analysis.mean_curve_with_band``: each seed is
-smoothed first, then seeds are averaged), optionally each seed as a faint line. The statistics
-live in ``workbench.analysis``; this module only draws them.
+a band around it (``workbench.analysis.mean_curve_with_band``: each seed is smoothed first, then
+seeds are averaged; the 95% t-interval by default, or +-1 SE, or min-max, clipped to the metric's
+range from ``Panel.meta``), optionally each seed as a faint line. The statistics live in
+``workbench.analysis``; this module only draws them. The page around the charts draws one legend
+(``legend_html``): an arm has one colour on every chart, and the charts keep their whole width.
 """
 
 from __future__ import annotations
@@ -17,18 +19,31 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.viz.curves import LEGEND_PLACE, TITLE_PLACE, X_LABELS, Panel, colour, ema, plotted, resolve_panel, with_x
+from workbench.analysis.bands import BANDS
+from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
+                                  ema, line_styles, plotted, resolve_panel, with_x, y_range)
 
 BAND_ALPHA = 0.2  # the band's fill opacity: the mean line stays readable on top of it
 SEED_OPACITY = 0.3
-_DASHES = ("solid", "dash", "dot", "dashdot")  # distinguishes the metrics of one panel; colours distinguish arms
 
 
 class ArmChart(NamedTuple):
-    """One panel of the arms view: its figure and the caption saying what each curve aggregates."""
+    """One panel of the arms view: its figure, the caption saying what each curve aggregates (band
+    and seeds), and which line style is which metric ("" for a one-metric chart: the page's legend
+    names the arms, so a chart names only its metrics)."""
 
     figure: go.Figure
     caption: str
+    styles: str = ""
+
+
+# Points drawn per curve at most: the plot area's width in pixels of a chart of the page's
+# 2-column grid in a 1,400-px window (~400 px), so a curve never has more points than pixel
+# columns to draw them on. Each curve keeps every k-th point of its x grid, k = ceil(N /
+# MAX_POINTS), and always its last point. The statistics at a kept point are computed from all
+# seeds' full curves (smoothing included) first: thinning picks rows, it never averages or
+# changes them. 1,000 steps keep every 3rd step (334 points).
+MAX_POINTS = 400
 
 
 def fill_colour(hex_colour: str, alpha: float = BAND_ALPHA) -> str:
@@ -55,6 +70,14 @@ def band_polygon(xs: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.
     return np.concatenate(px[:-1]).astype(np.float64), np.concatenate(py[:-1]).astype(np.float64)
 
 
+def thin(n: int, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Indices of the points kept from a curve of n points: every k-th, k = ceil(n / max_points),
+    and the last one. n -> (K,) int, K <= max_points + 1."""
+    step = max(1, -(-n // max_points))
+    keep = np.arange(0, n, step)
+    return keep if n == 0 or keep[-1] == n - 1 else np.r_[keep, n - 1]
+
+
 def _smoother(smoothing: float):
     return partial(ema, weight=smoothing) if smoothing > 0 else None
 
@@ -64,63 +87,102 @@ def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: flo
     rows = df[(df["arm"] == arm) & df[metric].notna()]
     for (run_id, seed), run in rows.groupby(["run_id", "seed"], sort=False, dropna=False):
         ys = run[metric].to_numpy(dtype=np.float64)
-        yield go.Scatter(x=run[x].to_numpy(dtype=np.float64), y=plotted(ema(ys, smoothing) if smoothing > 0 else ys),
-                         name=f"{name} · seed {seed}", mode="lines", showlegend=False, opacity=SEED_OPACITY,
-                         line={**line, "width": 1}, legendgroup=name, hoverinfo="skip")
+        yield {"type": "scatter", "x": run[x].to_numpy(dtype=np.float64),
+               "y": plotted(ema(ys, smoothing) if smoothing > 0 else ys), "name": f"{name} · seed {seed}",
+               "mode": "lines", "showlegend": False, "opacity": SEED_OPACITY, "line": {**line, "width": 1},
+               "legendgroup": name, "hoverinfo": "skip"}
 
 
-def _arm_chart(frame: pd.DataFrame, panel: Panel, arms: list[str], x: str, smoothing: float, show_seeds: bool,
-               confidence: float, height: int) -> ArmChart:
-    """``arm_figure`` of a frame that already has its ``x`` column, arms in colour order."""
-    present = [m for m in panel.metrics if m in frame.columns and frame[m].notna().any()]
-    fig, captions = go.Figure(), []
+def _arm_rows(curve: pd.DataFrame):
+    """Yield (arm, columns) per arm of ``mean_curve_with_band``'s frame (arms in its order), each
+    column thinned to ``MAX_POINTS`` (``thin``): x, mean, ci_low, ci_high (float64) and n_seeds."""
+    arms = curve["arm"].to_numpy()
+    columns = {c: curve[c].to_numpy(dtype=np.float64) for c in ("x", "mean", "ci_low", "ci_high")}
+    columns["n_seeds"] = curve["n_seeds"].to_numpy()
+    bounds = np.r_[np.flatnonzero(np.r_[True, arms[1:] != arms[:-1]]), len(arms)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        keep = a + thin(b - a)
+        yield arms[a], {c: v[keep] for c, v in columns.items()}
+
+
+def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: str, smoothing: float,
+               show_seeds: bool, confidence: float, height: int, band: str, secondary: bool, legend: bool) -> ArmChart:
+    """``arm_figure`` of a frame that already has its ``x`` column; ``colours``: arm -> colour.
+    Traces are built as plain dicts."""
+    present = drawn_metrics(frame, panel, secondary)
+    traces, captions, means, lows, highs = [], [], [], [], []
     for m, metric in enumerate(present):
-        curve = mean_curve_with_band(frame, metric, x, smoothing=_smoother(smoothing), confidence=confidence)
-        captions.append(aggregation_caption(curve, x, confidence))
-        for arm, rows in curve.groupby("arm", sort=False):
+        curve = mean_curve_with_band(frame, metric, x, smoothing=_smoother(smoothing), confidence=confidence,
+                                     band=band, bounds=panel.meta(metric).bounds)
+        captions.append(aggregation_caption(curve, x, confidence, band))
+        for arm, rows in _arm_rows(curve):
             name = arm if len(present) == 1 else f"{arm} · {metric.split('/', 1)[-1]}"
-            hue = colour(arms.index(arm))
+            hue = colours[arm]
             line = {"color": hue, "dash": _DASHES[m % len(_DASHES)], "width": 2}
             if show_seeds:
-                fig.add_traces(list(_seed_traces(frame, arm, metric, x, smoothing, name, line)))
-            bx, by = band_polygon(*(rows[c].to_numpy(dtype=np.float64) for c in ("x", "ci_low", "ci_high")))
+                traces += list(_seed_traces(frame, arm, metric, x, smoothing, name, line))
+            means.append(rows["mean"]), lows.append(rows["ci_low"]), highs.append(rows["ci_high"])
+            bx, by = band_polygon(rows["x"], rows["ci_low"], rows["ci_high"])
             if len(bx):
-                fig.add_trace(go.Scatter(x=bx, y=plotted(by), name=f"{name} ({confidence:.0%} CI)", mode="lines",
-                                         fill="toself", fillcolor=fill_colour(hue), line={"width": 0},
-                                         showlegend=False, legendgroup=name, hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=rows["x"].to_numpy(dtype=np.float64), y=plotted(rows["mean"]),
-                                     customdata=rows["n_seeds"].to_numpy(), name=name, mode="lines", line=line,
-                                     legendgroup=name,
-                                     hovertemplate="%{y:.4g} (mean of %{customdata} seeds)<extra>" + name + "</extra>"))
-    fig.update_layout(
-        title={"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, height=height,
-        margin={"l": 40, "r": 10, "t": 70, "b": 40}, xaxis_title=X_LABELS[x], legend=LEGEND_PLACE,
-        uirevision="keep")
-    return ArmChart(fig, captions[0] if captions else "")
+                traces.append({"type": "scatter", "x": bx, "y": plotted(by), "mode": "lines", "fill": "toself",
+                               "name": f"{name} ({BANDS[band].label(confidence)})", "fillcolor": fill_colour(hue),
+                               "line": {"width": 0}, "showlegend": False, "legendgroup": name, "hoverinfo": "skip"})
+            traces.append({"type": "scatter", "x": rows["x"], "y": plotted(rows["mean"]), "customdata": rows["n_seeds"],
+                           "name": name, "mode": "lines", "line": line, "legendgroup": name, "showlegend": legend,
+                           "hovertemplate": "%{y:.4g} (mean of %{customdata} seeds)<extra>" + name + "</extra>"})
+    kind = panel.meta(present[0]) if present else panel.kind
+    yaxis = {"title": {"text": kind.axis}}
+    if means:
+        fixed = y_range(*(np.concatenate(v) for v in (means, lows, highs)), kind.bounds)
+        if fixed:
+            yaxis.update(range=fixed, autorange=False)
+    # _validate=False: plotly's per-property validation of ~20 traces per chart (each array
+    # copied and probed for a dataframe type) took half of the figure's time; the traces are
+    # built here from a fixed set of keys, and a test validates every chart in full instead
+    fig = go.Figure(_validate=False, data=traces, layout={
+        "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
+        "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}}, "yaxis": yaxis,
+        "showlegend": legend, "legend": LEGEND_SIDE, "uirevision": "keep"})
+    return ArmChart(fig, captions[0] if captions else "", line_styles(present))
+
+
+def arm_colours(df: pd.DataFrame) -> dict[str, str]:
+    """arm -> its colour on every chart of the page: arms in order of first appearance in ``df``
+    (run, then step order), the i-th gets ``colour(i)``."""
+    ordered = df.sort_values(["run_id", "step"], kind="stable") if len(df) else df
+    return {str(a): colour(i) for i, a in enumerate(pd.unique(ordered["arm"].astype(str)))} if len(df) else {}
 
 
 def arm_figures(df: pd.DataFrame, panels: list[str], *, x: str = "step", smoothing: float = 0.0,
-                show_seeds: bool = False, confidence: float = 0.95, height: int = 300) -> dict[str, ArmChart]:
+                show_seeds: bool = False, confidence: float = 0.95, height: int = 300, band: str = "ci",
+                secondary: bool = False, legend: bool = False) -> dict[str, ArmChart]:
     """``arm_figure`` of each chart key (``PANELS`` key or ``metric:NAME``), in the given order
-    (the x values computed once)."""
+    (the x values computed once). No chart has its own legend by default: the page draws
+    ``legend_html(arm_colours(df))`` once, every arm in one colour on every chart."""
     frame = with_x(df, x)
-    arms = [str(a) for a in pd.unique(frame["arm"])]  # vectorised: iterating 30k arrow strings took ~20 ms
-    return {key: _arm_chart(frame, resolve_panel(key), arms, x, smoothing, show_seeds, confidence, height) for key in panels}
+    colours = arm_colours(frame)
+    return {key: _arm_chart(frame, resolve_panel(key), colours, x, smoothing, show_seeds, confidence, height, band,
+                            secondary, legend) for key in panels}
 
 
 def arm_figure(df: pd.DataFrame, panel: Panel | str, **kwargs) -> ArmChart:
-    """One panel over arms: per (arm, metric present) a filled band trace (``ARM (95% CI)``, not in
-    the legend, where >= 2 seeds), then the mean line (``ARM``, or ``ARM · metric`` in panels of
-    several metrics; its hover gives the seeds behind each point); with ``show_seeds`` each seed
-    first as a faint line (``ARM · seed S``). Arms keep one colour across panels (order of first
-    appearance in ``df``). The caption is ``aggregation_caption`` of the panel's first metric.
-    kwargs: ``x`` (an ``X_AXES`` key), ``smoothing`` (EMA weight, each seed smoothed before the
-    mean), ``show_seeds``, ``confidence``, ``height``."""
+    """One panel over arms: per (arm, metric drawn) a filled band trace (``ARM (95% CI)``, or the
+    chosen band's name; not in the legend; where >= 2 seeds), then the mean line (``ARM``, or
+    ``ARM · metric`` in panels of several metrics; its hover gives the seeds behind each point);
+    with ``show_seeds`` each seed first as a faint line (``ARM · seed S``). Arms keep one colour
+    across panels (``arm_colours``). The band is clipped to the metric's range (``Panel.meta``);
+    the y-axis has the metric's unit as its title and follows the means where the band would
+    swamp them (``y_range``); each curve is thinned to ``MAX_POINTS``. Secondary series (min /
+    max / per-region) are drawn only with ``secondary``. The caption is ``aggregation_caption`` of
+    the panel's first metric drawn. kwargs: ``x`` (an ``X_AXES`` key), ``smoothing`` (EMA weight,
+    each seed smoothed before the mean), ``show_seeds``, ``confidence``, ``height``, ``band`` (a
+    ``BANDS`` key), ``secondary``, ``legend`` (default True here: a chart drawn alone names its
+    arms in a legend right of the plot area)."""
     panel = resolve_panel(panel) if isinstance(panel, str) else panel
-    frame = with_x(df, kwargs.get("x", "step"))
-    arms = [str(a) for a in pd.unique(frame["arm"])]
-    return _arm_chart(frame, panel, arms, **{"x": "step", "smoothing": 0.0, "show_seeds": False, "confidence": 0.95,
-                                              "height": 300, **kwargs})
+    options = {"x": "step", "smoothing": 0.0, "show_seeds": False, "confidence": 0.95, "height": 300, "band": "ci",
+               "secondary": False, "legend": True, **kwargs}
+    frame = with_x(df, options["x"])
+    return _arm_chart(frame, panel, arm_colours(frame), **options)
 
 
 def sweep_figures(table: pd.DataFrame, metric: str, height: int = 300) -> dict[str, go.Figure]:

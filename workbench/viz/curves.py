@@ -8,7 +8,9 @@ a DataFrame; the pages only place them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import html
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -18,96 +20,180 @@ from scipy.signal import lfilter
 
 
 @dataclass(frozen=True)
+class Metric:
+    """What a logged metric is, for drawing it honestly: the y-axis title with its unit, its
+    possible range (a band is clipped to it), which direction is better (None: neither), how the
+    engine reduces it over ranks and how the arms view aggregates it over seeds, and whether it is
+    a secondary series (a min / max / per-region line beside a panel's main one: hidden until the
+    page's "Secondary series" toggle shows it)."""
+
+    axis: str  # the y-axis title, unit included: "tokens", "seconds", "fraction of prompts"
+    low: float = -math.inf
+    high: float = math.inf
+    better: str | None = None  # "higher", "lower" or None
+    over_ranks: str = "mean"  # the engine's reduction over ranks: mean, min, max, sum
+    over_seeds: str = "mean"  # the arms view's line: the mean over seeds (with the chosen band)
+    secondary: bool = False
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return (self.low, self.high)
+
+    def but(self, **changes) -> "Metric":
+        """This metric's metadata with some fields changed (``FRACTION.but(better="lower")``)."""
+        return replace(self, **changes)
+
+
+# The kinds of metric the panels draw; a panel's metrics share a y-axis, so they share a kind
+# (``Panel.kinds`` overrides one metric's direction, reduction or role).
+FRACTION = Metric("fraction", 0.0, 1.0)
+TOKENS = Metric("tokens", 0.0)
+SECONDS = Metric("seconds", 0.0)
+COUNT = Metric("count", 0.0)
+NATS = Metric("nats per token", 0.0)  # a KL is >= 0 (a k1 estimate's step mean may dip below: see clip_band)
+UNKNOWN = Metric("value")  # a logged metric no panel describes: no range, no direction
+
+
+@dataclass(frozen=True)
 class Panel:
-    """One chart: a title and the metric columns drawn in it (one line per run and metric)."""
+    """One chart: a title, the metric columns drawn in it (one line per run and metric), what they
+    mean, and what kind of quantity they are (``kind`` for all of them, ``kinds`` per metric where
+    one differs)."""
 
     title: str
     metrics: tuple[str, ...]
     help: str = ""
+    kind: Metric = UNKNOWN
+    kinds: Mapping[str, Metric] = field(default_factory=dict)
+
+    def meta(self, metric: str) -> Metric:
+        """The metadata of one of this panel's metrics."""
+        return self.kinds.get(metric, self.kind)
+
+    def primary(self) -> tuple[str, ...]:
+        """The metrics drawn by default (secondary series left out)."""
+        return tuple(m for m in self.metrics if not self.meta(m).secondary)
+
+
+_RATIO = Metric("ratio", 0.0)
+_MISMATCH = Metric("nats per token (|log-ratio|)", 0.0, better="lower")
+
+
+def _extremes(low_name: str, high_name: str, kind: Metric) -> dict[str, Metric]:
+    """A panel's per-batch min and max beside its mean: secondary series, reduced by min / max."""
+    return {low_name: kind.but(over_ranks="min", secondary=True), high_name: kind.but(over_ranks="max", secondary=True)}
 
 
 # The Compare page's charts, in display order, grouped (rewards, eval, KL and distillation,
 # entropy, clipping, lengths, rollout, optimisation, cost). A metric a run never logged is simply
 # absent. Help says what each logged name means (TRL's meaning where TRL logs the same name).
 PANELS: dict[str, Panel] = {
-    "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions."),
+    "reward": Panel("Reward (batch mean)", ("reward",), "Mean total reward of the step's completions.",
+        Metric("reward", better="higher")),
     # held-out evaluation (eval.every): logged at step 0, every N steps and at the end only
     "eval_accuracy": Panel("Held-out accuracy", ("eval/pass@1", "eval/pass@k"),
-                           "Held-out prompts never trained on: greedy pass@1 and pass@k at the eval temperature."),
-    "eval_reward": Panel("Held-out reward", ("eval/reward",), "Mean reward of greedy completions of the held-out prompts."),
+                           "Held-out prompts never trained on: greedy pass@1 and pass@k at the eval temperature.",
+        FRACTION.but(axis="pass rate", better="higher")),
+    "eval_reward": Panel("Held-out reward", ("eval/reward",), "Mean reward of greedy completions of the held-out prompts.",
+        Metric("reward", better="higher")),
     "reward_std": Panel("Reward std within groups", ("reward_std",),
-                        "Mean over prompts of the std of the G rewards: the signal a group baseline can use."),
+                        "Mean over prompts of the std of the G rewards: the signal a group baseline can use.",
+        Metric("reward std", 0.0)),
     "frac_reward_zero_std": Panel("Groups with zero reward std", ("frac_reward_zero_std",),
-                                  "Fraction of prompts whose G rewards are all equal: zero advantage, no gradient (DAPO filters them)."),
+                                  "Fraction of prompts whose G rewards are all equal: zero advantage, no gradient (DAPO filters them).",
+        FRACTION.but(axis="fraction of prompts", better="lower")),
     "remax_baseline": Panel("ReMax greedy baseline", ("remax/baseline_reward",),
                             "Mean reward of the greedy completion of each prompt: the baseline ReMax subtracts "
-                            "(advantage = reward - greedy reward)."),
-    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference)."),
+                            "(advantage = reward - greedy reward).",
+        Metric("reward")),
+    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference).",
+        NATS),
     # its own panel: the std of a heavy-tailed per-token estimate is often 10x its mean
     "kl_token_std": Panel("KL spread over tokens", ("kl/token_std",),
                           "Std over the batch's completion tokens of the per-token KL estimate whose mean is kl "
-                          "(0 when kl_coef = 0): large with a small mean, a few tokens carry the divergence."),
+                          "(0 when kl_coef = 0): large with a small mean, a few tokens carry the divergence.",
+        NATS.but(axis="nats per token (std)")),
     "distill_reverse_kl": Panel("Reverse KL to the teacher", ("distill/reverse_kl",),
                                 "On-policy distillation: token mean of log pi_student - log pi_teacher on the "
-                                "student's samples, an unbiased estimate of KL(student || teacher) (one step can be < 0)."),
+                                "student's samples, an unbiased estimate of KL(student || teacher) (one step can be < 0).",
+        Metric("nats per token", better="lower")),
     "distill_teacher_logp": Panel("Teacher log-prob of the student's tokens", ("distill/teacher_logp",),
                                   "On-policy distillation: token mean of log pi_teacher(o_t), how likely the teacher "
-                                  "finds what the student writes (rises toward 0 as the student imitates it)."),
-    "entropy": Panel("Entropy", ("entropy",), "Mean per-token entropy of the policy (collapse = falls to 0)."),
+                                  "finds what the student writes (rises toward 0 as the student imitates it).",
+        Metric("nats (log-prob)", high=0.0, better="higher")),
+    "entropy": Panel("Entropy", ("entropy",), "Mean per-token entropy of the policy (collapse = falls to 0).",
+        NATS),
     "entropy_coef": Panel("Entropy coefficient", ("entropy_coef",),
                           "TRL's entropy_coef: the entropy bonus's coefficient after each optimiser update (mean over "
                           "the step's updates); with use_adaptive_entropy it moves by entropy_coef_delta to hold the "
-                          "entropy at entropy_target (Skywork-OR1)."),
+                          "entropy at entropy_target (Skywork-OR1).",
+        Metric("coefficient")),
     "entropy_kept": Panel("High-entropy tokens trained on", ("entropy/top_quantile_kept",),
                           "Fraction of the loss tokens top_entropy_quantile keeps: only the highest-entropy tokens get "
-                          "a gradient (Beyond the 80/20 Rule; TRL top_entropy_quantile)."),
+                          "a gradient (Beyond the 80/20 Rule; TRL top_entropy_quantile).",
+        FRACTION.but(axis="fraction of tokens")),
     "clip": Panel("Clip ratios", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
                                   "clip_ratio/dual_mean"),
                   "Fraction of tokens clipped below 1-eps_low (A<0), above 1+eps_high (A>0), either (TRL's names), "
-                  "and capped by dual clip (A<0, ratio > clip_c)."),
+                  "and capped by dual clip (A<0, ratio > clip_c).",
+        FRACTION.but(axis="fraction of tokens"), {m: FRACTION.but(axis="fraction of tokens", secondary=True) for m in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean")}),
     # own panel: a per-sequence extreme sits well above / below the token means beside it
     "clip_extremes": Panel("Clip ratio extremes over sequences", ("clip_ratio/low_min", "clip_ratio/high_max"),
                            "TRL 1.16: per micro-batch, over every rank's sequences, the smallest fraction of a "
                            "sequence's tokens clipped low (clip_ratio/low_min) and the largest clipped high "
                            "(clip_ratio/high_max), averaged over the step's micro-batches. high_max near 1 means "
-                           "some completion is clipped almost everywhere."),
+                           "some completion is clipped almost everywhere.",
+        FRACTION.but(axis="fraction of a sequence's tokens"), {"clip_ratio/low_min": FRACTION.but(axis="fraction of a sequence's tokens", over_ranks="min"), "clip_ratio/high_max": FRACTION.but(axis="fraction of a sequence's tokens", over_ranks="max")}),
     "loss_token_fractions": Panel("Tokens the loss treats specially", ("cispo/clip_ratio", "dppo/masked_mean",
                                                                          "dppo/truncated_mean", "clip_cov/selected_mean",
                                                                          "kl_cov/selected_mean", "value/clipfrac"),
                                   "Per loss, the fraction of tokens it handles apart: CISPO weights clipped, DPPO tokens "
                                   "outside the trust region (masked) or with the ratio cut at clip_c (truncated), "
-                                  "Clip-Cov tokens detached, KL-Cov tokens penalised, PPO value predictions clipped."),
+                                  "Clip-Cov tokens detached, KL-Cov tokens penalised, PPO value predictions clipped.",
+        FRACTION.but(axis="fraction of tokens")),
     "sapo_gate": Panel("SAPO gradient gate", ("sapo/gate_mean",),
                        "Mean of 4 s (1 - s) rho over tokens, s = sigmoid(tau (rho - 1)): the share of the gradient "
-                       "SAPO's soft gate lets through (1 on-policy)."),
+                       "SAPO's soft gate lets through (1 on-policy).",
+        Metric("share of the gradient", 0.0)),
     "length": Panel("Completion length", ("completions/mean_length", "completions/min_length", "completions/max_length"),
-                    "Tokens per completion (mean, min, max over the batch)."),
+                    "Tokens per completion (mean, min, max over the batch).",
+        TOKENS, _extremes("completions/min_length", "completions/max_length", TOKENS)),
     "terminated_length": Panel("Terminated completion length", ("completions/mean_terminated_length",
                                                                  "completions/min_terminated_length",
                                                                  "completions/max_terminated_length"),
                                "TRL: tokens per completion over the completions that ended with a stop token "
-                               "(truncated ones left out; all 0 when none ended)."),
+                               "(truncated ones left out; all 0 when none ended).",
+        TOKENS, _extremes("completions/min_terminated_length", "completions/max_terminated_length", TOKENS)),
     "truncated": Panel("Truncated completions", ("completions/clipped_ratio",),
-                       "Fraction of completions cut at max_completion_length."),
+                       "Fraction of completions cut at max_completion_length.",
+        FRACTION.but(axis="fraction of completions", better="lower")),
     "prompts_truncated": Panel("Truncated prompts", ("prompts/truncated_ratio",),
-                               "Fraction of the batch's prompts that lost tokens to max_prompt_length."),
+                               "Fraction of the batch's prompts that lost tokens to max_prompt_length.",
+        FRACTION.but(axis="fraction of prompts", better="lower")),
     "sampling_mismatch": Panel("Rollout / trainer mismatch", ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
-                               "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow."),
+                               "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow.",
+        _MISMATCH, {"sampling/sampling_logp_difference/max": _MISMATCH.but(over_ranks="max", secondary=True)}),
     "importance_ratio": Panel("Importance-sampling ratio", ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
                                                             "sampling/importance_sampling_ratio/max"),
-                              "pi_trainer / pi_rollout as algorithm.rollout_correction weights it (raw per-token ratios when off)."),
+                              "pi_trainer / pi_rollout as algorithm.rollout_correction weights it (raw per-token ratios when off).",
+        _RATIO, _extremes("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max", _RATIO)),
     "dynamic_sampling": Panel("Dynamic sampling rounds", ("dynamic_sampling/rounds", "dynamic_sampling/filled_groups"),
-                              "Rollout rounds to fill the batch with groups that have a reward spread (DAPO), and groups filled after the cap."),
-    "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO)."),
+                              "Rollout rounds to fill the batch with groups that have a reward spread (DAPO), and groups filled after the cap.",
+        COUNT.but(axis="rounds / groups"), {"dynamic_sampling/rounds": COUNT.but(axis="rounds / groups", better="lower")}),
+    "loss": Panel("Losses", ("loss/policy", "loss/value"), "Aggregated policy loss and value loss (PPO).",
+        Metric("loss"), {"loss/value": Metric("loss", 0.0, better="lower")}),
     "grad_norm": Panel("Gradient norm", ("grad_norm",),
                        "Global gradient norm before clipping, averaged over the step's mu x minibatches "
-                       "optimiser updates."),
+                       "optimiser updates.",
+        Metric("L2 norm", 0.0)),
     "num_tokens": Panel("Tokens seen", ("num_tokens",),
                         "TRL's num_tokens: prompt + completion tokens of every step so far, over all ranks "
-                        "(the tokens x-axis counts completion tokens only)."),
+                        "(the tokens x-axis counts completion tokens only).",
+        TOKENS.but(over_ranks="sum")),
     "step_time": Panel("Step time (s)", ("perf/step_time", "perf/generation_time", "perf/train_time"),
                        "Wall time of one step (rollout + rewards + updates), and of its generation (sampling and "
-                       "rewards) and training parts."),
+                       "rewards) and training parts.",
+        SECONDS.but(better="lower"), {m: SECONDS.but(secondary=True) for m in ("perf/generation_time", "perf/train_time")}),
 }
 
 # Columns of the store's frames that are keys, not metrics (``step`` is also in each metrics line).
@@ -185,9 +271,14 @@ def _x_wall(rows: pd.DataFrame) -> pd.Series:
 X_AXES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {"step": _x_step, "tokens": _x_tokens, "wall time": _x_wall}
 
 # The legend sits in one row between the title and the plot area, so it never meets the x-axis
-# title below the plot (a legend at y < 0 was drawn over it).
+# title below the plot (a legend at y < 0 was drawn over it). Only for charts of a few entries
+# (the sweep view): a long one wraps upwards over the title.
 TITLE_PLACE = {"x": 0.0, "xanchor": "left", "y": 0.97, "yanchor": "top", "yref": "container"}
 LEGEND_PLACE = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+# A chart's own legend where one is asked for: a column right of the plot area (plotly widens the
+# right margin for it), so it never covers the title or the curves; it scrolls when long. The
+# Compare page draws no chart legend at all but one for the page (``legend_html``).
+LEGEND_SIDE = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 10}}
 # TensorBoard's default smoothing: single steps of a small-batch reward are mostly noise.
 DEFAULT_SMOOTHING = 0.6
 
@@ -260,22 +351,83 @@ def _short_metric(metric: str) -> str:
     return metric.split("/", 1)[1] if "/" in metric else metric
 
 
+# The y-axis follows the mean curves, not the band, when the band is more than SWAMP times as
+# tall as the means' spread: a 2-seed t-band (t_{.975,1} = 12.7) otherwise squashes every mean
+# flat. The range is the span drawn plus MARGIN of it each side, kept inside the metric's
+# possible range (plus the margin): ``y_range``.
+SWAMP = 3.0
+MARGIN = 0.1
+
+
+def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tuple[float, float]) -> list[float] | None:
+    """The y-axis range: the span of the means and bands, or of the means alone when the band
+    would swamp them (band span > SWAMP x the means' span), with MARGIN of that span each side
+    (of the value itself, or 1, for a flat line), kept inside ``bounds`` widened by the margin.
+    Set explicitly: plotly's autorange put a flat line of a non-negative metric at 0.3 on an axis
+    from -0.5 to 1. None when nothing finite is drawn. Arrays: every drawn point of the chart."""
+    # as drawn (``plotted``): the EMA of a constant differs from it by ~1e-17, a "span" that
+    # zoomed the axis onto one line with no tick on it
+    means, lows, highs = plotted(means), plotted(lows), plotted(highs)
+    means = means[np.isfinite(means)]
+    if not len(means):
+        return None
+    edges = np.r_[lows[np.isfinite(lows)], highs[np.isfinite(highs)], means]
+    lo, hi = float(means.min()), float(means.max())
+    if float(edges.max() - edges.min()) <= SWAMP * (hi - lo):
+        lo, hi = float(edges.min()), float(edges.max())
+    pad = MARGIN * ((hi - lo) or abs(hi) or 1.0)
+    return [max(lo - pad, bounds[0] - pad), min(hi + pad, bounds[1] + pad)]
+
+
+def drawn_metrics(df: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
+    """The panel's metrics with data in ``df`` that are drawn: its primary ones, and its
+    secondary ones (min / max / per-region: ``Metric.secondary``) only with ``secondary`` or when
+    no primary one has data."""
+    present = [m for m in panel.metrics if m in df.columns and df[m].notna().any()]
+    primary = [m for m in present if not panel.meta(m).secondary]
+    return present if secondary or not primary else primary
+
+
+def line_styles(metrics: list[str]) -> str:
+    """Which line style is which metric in a chart of several ('' for one): the page's legend
+    names the runs or arms (colours), a chart's caption names its metrics (dashes)."""
+    return " · ".join(f"{_DASHES[m % len(_DASHES)]}: {name}" for m, name in enumerate(metrics)) if len(metrics) > 1 else ""
+
+
+def legend_html(colours: Mapping[str, str]) -> str:
+    """The page's one legend: a coloured line and the name per run or arm (``colours``: name ->
+    colour, as the charts draw them), as inline HTML, names escaped."""
+    swatch = ('<span style="display:inline-block;margin-right:14px;white-space:nowrap">'
+              '<span style="display:inline-block;width:18px;height:3px;background:{c};vertical-align:middle;'
+              'margin-right:5px"></span>{a}</span>')
+    return ('<div class="wb-legend">' + "".join(swatch.format(c=c, a=html.escape(str(a))) for a, c in colours.items())
+            + "</div>")
+
+
+def run_colours(df: pd.DataFrame, labels: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Run label -> its colour in ``metric_figure`` (runs in order of first appearance in ``df``)."""
+    labels = labels or {}
+    return {labels.get(r, r): colour(i) for i, r in enumerate(dict.fromkeys(df["run_id"]))} if len(df) else {}
+
+
 def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoothing: float = 0.0,
-                  labels: Mapping[str, str] | None = None, height: int = 300) -> go.Figure:
+                  labels: Mapping[str, str] | None = None, height: int = 300, secondary: bool = False,
+                  legend: bool = True) -> go.Figure:
     """One panel (a Panel or a chart key, see ``resolve_panel``) as a line chart: a trace per
-    (run, metric present in ``df``).
+    (run, metric drawn: ``drawn_metrics``, secondary series only with ``secondary``).
 
     Trace names are ``LABEL`` for one-metric panels and ``LABEL · metric`` otherwise (LABEL =
     ``labels[run_id]`` or the run id). With ``smoothing`` > 0 the EMA is drawn and the raw values
     are kept as a faint line behind it (named ``... (raw)``, not in the legend). Runs keep one
-    colour across panels (order of first appearance in ``df``).
+    colour across panels (``run_colours``). The y-axis is titled with the metric's unit; the
+    legend (``legend``) sits right of the plot area, or is left to the page (``legend_html``).
     """
     panel = resolve_panel(panel) if isinstance(panel, str) else panel
     if x not in X_AXES:
         raise ValueError(f"x={x!r} is not allowed; choose one of: {', '.join(X_AXES)}")
     labels = labels or {}
-    fig = go.Figure()
-    present = [m for m in panel.metrics if m in df.columns and df[m].notna().any()]
+    traces = []
+    present = drawn_metrics(df, panel, secondary)
     run_ids = list(dict.fromkeys(df["run_id"])) if len(df) else []
     for r, run_id in enumerate(run_ids):
         rows = df[df["run_id"] == run_id].sort_values("step")
@@ -289,20 +441,23 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
             ys = rows[metric].to_numpy(dtype=np.float64)
             line = {"color": line_colour, "dash": _DASHES[m % len(_DASHES)], "width": 2}
             if smoothing > 0:
-                fig.add_trace(go.Scatter(x=xs, y=ys, name=f"{name} (raw)", mode="lines", showlegend=False,
-                                         opacity=0.25, line={**line, "width": 1}, hoverinfo="skip",
-                                         legendgroup=name))
+                traces.append({"type": "scatter", "x": xs, "y": ys, "name": f"{name} (raw)", "mode": "lines",
+                               "showlegend": False, "opacity": 0.25, "line": {**line, "width": 1},
+                               "hoverinfo": "skip", "legendgroup": name})
                 ys = ema(ys, smoothing)
             # connectgaps: a metric logged every N steps (eval/*) is one line through its points, not
             # isolated points that a lines-only trace would not draw at all
-            fig.add_trace(go.Scatter(x=xs, y=plotted(ys), name=name, mode="lines", line=line, legendgroup=name,
-                                     connectgaps=True))
-    fig.update_layout(
-        title={"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, height=height,
-        margin={"l": 40, "r": 10, "t": 70, "b": 40}, xaxis_title=X_LABELS[x], legend=LEGEND_PLACE,
-        uirevision="keep",  # zoom survives updates
-    )
-    return fig
+            traces.append({"type": "scatter", "x": xs, "y": plotted(ys), "name": name, "mode": "lines", "line": line,
+                           "legendgroup": name, "connectgaps": True, "showlegend": legend})
+    kind = panel.meta(present[0]) if present else panel.kind
+    drawn = np.concatenate([t["y"] for t in traces]) if traces else np.empty(0)
+    fixed = y_range(drawn, drawn, drawn, kind.bounds)
+    return go.Figure(_validate=False, data=traces, layout={  # built from fixed keys; a test validates it in full
+        "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
+        "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}},
+        "yaxis": {"title": {"text": kind.axis}, **({"range": fixed, "autorange": False} if fixed else {})},
+        "showlegend": legend, "legend": LEGEND_SIDE,
+        "uirevision": "keep"})  # zoom survives updates
 
 
 def compare_figures(df: pd.DataFrame, panels: list[str] | None = None, **kwargs) -> dict[str, go.Figure]:

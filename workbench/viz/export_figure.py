@@ -63,14 +63,28 @@ def _size(fig: go.Figure) -> tuple[int, int]:
     return int(fig.layout.width or DEFAULT_WIDTH), int(fig.layout.height or DEFAULT_HEIGHT)
 
 
+def with_legend(fig: go.Figure) -> go.Figure:
+    """A copy of ``fig`` with its own legend: on the page the charts leave the legend to the page
+    (one for all charts, ``curves.legend_html``), but an exported image stands alone. The legend
+    lists each series' main line: the traces named as their legend group (``metric_figure``'s and
+    ``arm_figure``'s convention; bands, raw and per-seed lines are not listed)."""
+    out = go.Figure(fig)
+    out.update_layout(showlegend=True)
+    for trace in out.data:
+        if trace.name is not None and trace.name == trace.legendgroup:
+            trace.showlegend = True
+    return out
+
+
 def _image(fig: go.Figure, fmt: str, scale: float) -> bytes:
-    """``fig`` rendered by Kaleido as ``fmt`` ('png' | 'svg'), ``scale`` x its layout size."""
+    """``fig`` rendered by Kaleido as ``fmt`` ('png' | 'svg'), ``scale`` x its layout size, with
+    its legend (``with_legend``)."""
     import kaleido  # imported on first export: the page and the report never pay for it otherwise
     from kaleido.errors import ChromeNotFoundError
 
     width, height = _size(fig)
     try:
-        data = kaleido.calc_fig_sync(fig.to_dict(), opts={"format": fmt, "width": width, "height": height,
+        data = kaleido.calc_fig_sync(with_legend(fig).to_dict(), opts={"format": fmt, "width": width, "height": height,
                                                           "scale": scale},
                                      kopts={"path": browser_path(), "mathjax": False})
     except ChromeNotFoundError as err:
