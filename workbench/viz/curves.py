@@ -190,9 +190,10 @@ PANELS: dict[str, Panel] = {
                         "TRL's num_tokens: prompt + completion tokens of every step so far, over all ranks "
                         "(the tokens x-axis counts completion tokens only).",
         TOKENS.but(over_ranks="sum")),
-    "step_time": Panel("Step time (s)", ("perf/step_time", "perf/generation_time", "perf/train_time"),
+    "step_time": Panel("Step time (s)", ("perf/step_time", "perf/generation_time", "perf/train_time", "perf/eval_time"),
                        "Wall time of one step (rollout + rewards + updates), and of its generation (sampling and "
-                       "rewards) and training parts.",
+                       "rewards) and training parts; perf/eval_time: a held-out evaluation's wall time, at the steps "
+                       "it runs (before the step's rollout, not in perf/step_time).",
         SECONDS.but(better="lower"), {m: SECONDS.but(secondary=True) for m in ("perf/generation_time", "perf/train_time")}),
 }
 
