@@ -48,6 +48,15 @@ def chromium() -> str:
     return CHROMIUM
 
 
+def sign_in(page, name: str = "erin", password: str = PASSWORD) -> None:
+    """Sign in through the sidebar's form (the page must show it) and wait for the app to say so."""
+    sidebar = page.get_by_test_id("stSidebar")
+    sidebar.get_by_label("Your name (recorded as the owner of your runs)").fill(name)
+    sidebar.get_by_label("Password", exact=True).fill(password)
+    sidebar.get_by_role("button", name="Sign in").click()
+    page.get_by_text("Signed in as").wait_for()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

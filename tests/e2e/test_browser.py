@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import PASSWORD
+from tests.e2e.conftest import sign_in
 from workbench.runs import RunStore, cancel
 from workbench.runs.authz import local_principal
 
@@ -79,12 +79,8 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
     launch.wait_for()
     assert page.get_by_text("Page not found").count() == 0
     assert launch.is_disabled()
-    sidebar = page.get_by_test_id("stSidebar")
-    assert "A workbench password is set" in sidebar.inner_text()
-    sidebar.get_by_label("Your name (recorded as the owner of your runs)").fill("erin")
-    sidebar.get_by_label("Password", exact=True).fill(PASSWORD)
-    sidebar.get_by_role("button", name="Sign in").click()
-    page.get_by_text("Signed in as").wait_for()
+    assert "A workbench password is set" in page.get_by_test_id("stSidebar").inner_text()
+    sign_in(page)
 
     # ---- configure: short runs, GRPO + RLOO in one group --------------------------------------
     page.get_by_role("tab", name="Training").click()

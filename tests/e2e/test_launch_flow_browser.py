@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.conftest import PASSWORD
+from tests.e2e.conftest import sign_in
 from tests.e2e.test_browser import store, wait_until  # noqa: F401  (the fixture cancels what the test started)
 
 # Clicks the launch button every 50 ms from the page itself, like an impatient user, until the
@@ -43,11 +43,7 @@ def test_a_launch_at_the_bottom_answers_there_once_and_opens_the_run(browser_pag
     add_run(store, name="older", group=f"older-group-{int(time.time())}")  # the newest group, not what is launched
     page = browser_page
     page.goto(f"{server}/launch")
-    sidebar = page.get_by_test_id("stSidebar")
-    sidebar.get_by_label("Your name (recorded as the owner of your runs)").fill("erin")
-    sidebar.get_by_label("Password", exact=True).fill(PASSWORD)
-    sidebar.get_by_role("button", name="Sign in").click()
-    page.get_by_text("Signed in as").wait_for()
+    sign_in(page)
     page.get_by_role("tab", name="Training").click()
     steps = page.get_by_label("steps", exact=True)
     steps.fill("2")
