@@ -76,17 +76,21 @@ def _checkpointing(module) -> bool:
 def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, keep_only: bool = True) -> torch.Tensor:
     """Logits that predict each completion token, (B, T, V): those at positions P - 1 .. P + T - 2.
 
-    ``keep_only`` (models whose forward takes ``logits_to_keep``): the LM head runs at the last
-    T + 1 positions only (the very last predicts nothing used and is dropped), not at all P + T
-    (at P = 111, T = 44 on SmolLM2 the head is ~1/5 of the model's FLOPs per position). The
-    decoder sees the same input as the full forward, so the kept logits are its numbers exactly
-    (feeding one token less would change the attention kernels' shapes and round differently).
-    Else: the full forward, sliced."""
+    ``keep_only`` (models whose forward takes ``logits_to_keep``): the LM head runs at positions
+    P - 1 .. P + T - 2 only, not at all P + T (at P = 111, T = 44 on SmolLM2 the head is ~1/5 of
+    the model's FLOPs per position). The decoder sees the same input as the full forward, so the
+    kept logits are its numbers exactly (feeding one token less would change the attention
+    kernels' shapes and round differently). The positions go in as an index tensor, not a count:
+    transformers then gathers the hidden states into a contiguous tensor before the head, whereas
+    a count slices them in place, and the head's matmul on that strided view rounded differently
+    from one weight tensor to an equal one (a LoRA run's reference, its base with adapters off,
+    gave logits 2e-6 off a freshly loaded base). Else: the full forward, sliced."""
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    keep = {"logits_to_keep": T + 1} if keep_only and _accepts(model, "logits_to_keep") else {}
+    keep = ({"logits_to_keep": torch.arange(P - 1, P - 1 + T, device=prompt_ids.device)}
+            if keep_only and _accepts(model, "logits_to_keep") else {})
     input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **keep).logits
-    return logits[:, :T] if keep else logits[:, P - 1 : P - 1 + T]
+    return logits if keep else logits[:, P - 1 : P - 1 + T]
 
 
 def prompt_groups(prompt_ids, prompt_mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -144,7 +148,8 @@ def shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, complet
     summation order (tests/engine/test_forward_prefix.py: 1e-5 in fp32, gradients too)."""
     def call(kind, **inputs):
         m = _without_ddp(model) if kind == "prompt" else model
-        out = m(**inputs, **({"logits_to_keep": 1} if kind == "prompt" else {}))
+        last = inputs["input_ids"].shape[1] - 1  # as an index tensor: the head sees a contiguous gather (completion_logits)
+        out = m(**inputs, **({"logits_to_keep": torch.tensor([last], device=inputs["input_ids"].device)} if kind == "prompt" else {}))
         return out.logits, out.past_key_values
 
     head, rest = _prefix_then_completion(call, prompt_ids, prompt_mask, completion_ids, completion_mask)
