@@ -89,8 +89,8 @@ def test_the_form_and_the_plan_refuse_an_unlisted_reference(fresh_home, modules)
 
     recipe, errors = validate_form({"reward_funcs": [EVIL]}, load_recipe("grpo"))
     assert recipe is None and errors["reward_funcs"].startswith(f"reward_funcs='{EVIL}' is not allowed here")
-    planned, error = _plan(load_recipe("grpo"), [], 1, {"reward_funcs": [["format"], [EVIL]]}, "local")
-    assert planned is None and f"reward_funcs='{EVIL}' is not allowed in the app" in error
+    plan = _plan(load_recipe("grpo"), [], 1, {"reward_funcs": [["format"], [EVIL]]}, "local")
+    assert plan.planned is None and f"reward_funcs='{EVIL}' is not allowed in the app" in plan.error
     assert not modules["evilmod"].exists()
 
 
