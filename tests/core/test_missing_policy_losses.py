@@ -180,16 +180,21 @@ def test_vespo_peak_is_bounded_for_every_knob_setting():
     from workbench.core.choices import VESPO_MAX_PEAK, vespo_peak
 
     assert vespo_peak(2.0, 3.0) == pytest.approx(math.exp(1 + 2 * math.log(2 / 3)))  # TRL's A >= 0 default: 1.21
-    for k, lam in ((0.0, 50.0), (25.0, 0.1)):  # e^50 as w -> 0; e^{0.1 - 25 + 25 log 250} at w = 250
+    # e^50 as w -> 0; e^{0.1 - 25 + 25 log 250} at w = 250; and peaks whose exp overflows a float
+    # (inside the knobs' bounds: a one-line ValueError, not an OverflowError)
+    for k, lam in ((0.0, 50.0), (25.0, 0.1), (0.0, 1000.0), (1000.0, 0.001)):
         assert vespo_peak(k, lam) > VESPO_MAX_PEAK
         with pytest.raises(ValueError, match=f"vespo_k_pos={k}, vespo_lambda_pos={lam}: phi peaks at"):
             PolicyLossConfig(vespo_k_pos=k, vespo_lambda_pos=lam)
     # the largest weight any admitted setting gives, over a grid of sequence ratios, stays under the bound
-    log_w = torch.linspace(math.log(1e-8), 20.0, 2001, dtype=torch.float64)[None, :]
+    # (the core's own phi: one-token sequences whose log-ratio sweeps the clamped range)
+    from workbench.core.policy_losses import vespo_gamma_weights
+
+    log_w = torch.linspace(math.log(1e-8), 20.0, 2001, dtype=torch.float64)[:, None]
+    ones = torch.ones_like(log_w)
     for k, lam in ((0.0, 2.3), (1.0, 1.0), (5.0, 4.0), (2.0, 3.0)):
-        cfg = PolicyLossConfig(vespo_k_pos=k, vespo_lambda_pos=lam)
-        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
-        assert float(phi.max()) <= vespo_peak(k, lam) * (1 + 1e-12) <= VESPO_MAX_PEAK and cfg.vespo_k_pos == k
+        phi = vespo_gamma_weights(log_w, ones, ones, PolicyLossConfig(vespo_k_pos=k, vespo_lambda_pos=lam))
+        assert float(phi.max()) <= vespo_peak(k, lam) * (1 + 1e-12) <= VESPO_MAX_PEAK
 
 
 # ---- DRO -------------------------------------------------------------------------------------

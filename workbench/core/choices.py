@@ -10,6 +10,7 @@ registered function + its spec + a recipe file + its tests; nothing here changes
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 from workbench.algorithms import (  # noqa: F401 (re-exported: the core and the recipe read them here)
@@ -68,9 +69,16 @@ REJECTION_MODES: tuple[str, ...] = (
 VESPO_MAX_PEAK = 10.0
 
 
+def vespo_log_peak(k: float, lam: float) -> float:
+    """log sup_w phi(w) = lambda - k + k log(k / lambda) for k > 0, lambda (as w -> 0) for k = 0:
+    the bound is checked in log space, since exp overflows at settings the knobs' bounds allow."""
+    return lam if k == 0 else lam - k + k * math.log(k / lam)
+
+
 def vespo_peak(k: float, lam: float) -> float:
-    """sup_w phi(w) = exp(lambda - k + k log(k / lambda)) for k > 0, e^lambda (as w -> 0) for k = 0."""
-    return math.exp(lam if k == 0 else lam - k + k * math.log(k / lam))
+    """sup_w phi(w) = exp(``vespo_log_peak``); inf where that overflows a float."""
+    log_peak = vespo_log_peak(k, lam)
+    return math.exp(log_peak) if log_peak < math.log(sys.float_info.max) else math.inf
 
 
 @dataclass(frozen=True)
@@ -167,7 +175,7 @@ class PolicyLossConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
         for sign in ("pos", "neg"):  # phi's height: the largest factor the weight can put on a sequence
             k, lam = getattr(self, f"vespo_k_{sign}"), getattr(self, f"vespo_lambda_{sign}")
-            if vespo_peak(k, lam) > VESPO_MAX_PEAK:
+            if vespo_log_peak(k, lam) > math.log(VESPO_MAX_PEAK):
                 raise ValueError(f"vespo_k_{sign}={k}, vespo_lambda_{sign}={lam}: phi peaks at {vespo_peak(k, lam):.3g} "
                                  f"(w = k / lambda); at most {VESPO_MAX_PEAK} (TRL's 2 / 3 and 3 / 2 peak at 1.21 and 1.24)")
         if not self.dro_beta > 0:
