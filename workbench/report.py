@@ -159,6 +159,7 @@ def _runs_section(arms: dict[str, list[Run]]) -> str:
 
 def _curves_section(frame: pd.DataFrame, smoothing: float) -> tuple[str, int]:
     """The arms view's charts of every fixed panel with data; (HTML, number of figures)."""
+    from workbench.analysis.bands import BANDS
     from workbench.viz.arms import arm_figures
     from workbench.viz.curves import PANELS, has_data
 
@@ -167,9 +168,9 @@ def _curves_section(frame: pd.DataFrame, smoothing: float) -> tuple[str, int]:
     if not charts:
         return "<h2>Curves</h2><p>No metric logged yet.</p>", 0
     how = f"EMA smoothing {smoothing:g} of each seed before the mean" if smoothing else "no smoothing"
-    return (f"<h2>Curves</h2><p class='caption'>Mean over seeds per arm ({how}); the band is the 95% "
-            "t-interval of the mean over seeds where an arm has at least 2.</p>"
-            + _figures([c.figure for c in charts.values()], [c.caption for c in charts.values()], with_plotlyjs=True),
+    return (f"<h2>Curves</h2><p class='caption'>Mean over seeds per arm ({how}); each chart's caption names "
+            f"its band (the default: {_e(BANDS['ci'].caption(0.95))}).</p>"
+            + _figures([c.figure for c in charts.values()], [" · ".join(filter(None, (c.styles, c.note, c.caption))) for c in charts.values()], with_plotlyjs=True),
             len(charts))
 
 

@@ -25,8 +25,8 @@ def test_every_metric_of_the_registry_has_its_metadata():
             meta = panel.meta(metric)
             assert meta is not UNKNOWN and meta.axis and meta.axis != UNKNOWN.axis, f"{metric}: no unit / axis title"
             assert meta.low < meta.high, f"{metric}: empty range"
-            assert meta.better in ("higher", "lower", None) and meta.over_ranks in ("mean", "min", "max", "sum")
-            assert meta.over_seeds == "mean"
+            assert meta.better in ("higher", "lower", None)
+            assert (f"{metric}: {meta.better} is better" in panel.describe()) == (meta.better is not None)
         assert len({panel.meta(m).axis for m in panel.metrics}) == 1, f"{key}: one y-axis, one unit"
 
 
@@ -147,3 +147,23 @@ def test_thinning_keeps_every_kth_point_and_the_last_with_unchanged_statistics()
     assert len(mean["x"]) == len(keep) <= MAX_POINTS + 1 and mean["x"][-1] == steps - 1
     assert mean["x"] == full["x"].iloc[keep].tolist()
     assert mean["y"] == pytest.approx(full["mean"].iloc[keep].tolist(), abs=1e-11)
+
+
+def test_a_k1_kl_below_zero_is_drawn_whole_and_a_clipped_band_says_so():
+    """k1's step mean can be < 0 (the ppo, rloo and reinforce_pp presets use k1): no axis or band
+    may hide it. A metric with a finite range says in its caption that its band is clipped."""
+    kl = [0.002, -0.01, -0.03, -0.05, -0.04]
+    df = pd.DataFrame({"run_id": "r", "arm": "ppo", "step": range(5), "time": 0.0, "kl": kl})
+    lo, hi = metric_figure(df, "kl").layout.yaxis.range or (None, None)
+    assert lo is None or (lo <= min(kl) and hi >= max(kl))
+    negative = df.assign(kl=[-0.02, -0.05, -0.08, -0.06, -0.07])
+    lo, hi = metric_figure(negative, "kl").layout.yaxis.range or (None, None)
+    assert lo is None or (lo < -0.08 and hi > -0.02 and lo < hi)
+    seeds = pd.DataFrame([{"run_id": f"s{i}", "arm": "ppo", "seed": i, "step": t, "time": 0.0, "kl": v}
+                          for i, v in enumerate((-0.3, 0.2, 0.4)) for t in range(3)])
+    chart = arm_figure(seeds, "kl", band="minmax")
+    band = next(t for t in chart.figure.data if t.fill)
+    assert min(y for y in band.y if y is not None) == pytest.approx(-0.3)  # the lowest seed, not 0
+    assert chart.note == ""
+    assert arm_figure(seeds.rename(columns={"kl": "frac_reward_zero_std"}).assign(frac_reward_zero_std=0.5),
+                      "frac_reward_zero_std").note == "band clipped to the metric's range [0, 1]"

@@ -211,6 +211,17 @@ X_POSITIONS = {"step": lambda v: f"step {v:g}", "tokens": lambda v: f"{round(v):
                "wall time": lambda v: f"{v:.3g} s"}
 
 
+def clip_note(bounds: Bounds) -> str:
+    """'band clipped to the metric's range [0, 1]' for a metric with a finite bound ('' otherwise):
+    said under the chart, since the drawn edge is then not the statistic's (``clip_band``)."""
+    low, high = (bool(np.isfinite(b)) for b in bounds)
+    if low and high:
+        return f"band clipped to the metric's range [{bounds[0]:g}, {bounds[1]:g}]"
+    if low or high:
+        return f"band clipped at the metric's {'floor' if low else 'ceiling'} {bounds[0 if low else 1]:g}"
+    return ""
+
+
 def aggregation_caption(curve: pd.DataFrame, x: str = "step", confidence: float = 0.95, band: str = "ci") -> str:
     """What each arm's mean curve aggregates, for the chart's caption, from ``mean_curve_with_band``'s
     frame drawn against x-axis ``x`` with band ``band``. E.g. ``grpo: 3 seeds to step 40, then 2 to

@@ -115,7 +115,7 @@ def _controls(ids: list[str], runs) -> dict:
 def _chart_help(keys: list[str]) -> None:
     """What each chosen chart draws: its logged metric names (TRL's where TRL logs them) and meaning."""
     with st.expander("What these charts show"):
-        st.markdown("\n".join(f"- **{p.title}** ({', '.join(f'`{m}`' for m in p.metrics)}): {p.help}"
+        st.markdown("\n".join(f"- **{p.title}** ({', '.join(f'`{m}`' for m in p.metrics)}): {p.describe()}"
                                for p in map(resolve_panel, keys)))
 
 
@@ -298,7 +298,7 @@ def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
     st.caption(f"Mean over seeds per arm: {common}")
     _legend(arm_colours(frame))
     _chart_grid({key: chart.figure for key, chart in charts.items()}, "arms",
-                {key: " · ".join(filter(None, (chart.styles, chart.caption if chart.caption != common else "")))
+                {key: " · ".join(filter(None, (chart.styles, chart.note, chart.caption if chart.caption != common else "")))
                  for key, chart in charts.items()})
     metric, window = _verdict(frame)
     _sweep_view(ids, frame, metric, window)

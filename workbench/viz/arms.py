@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.analysis.bands import BANDS
+from workbench.analysis.bands import BANDS, clip_note
 from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
                                   ema, line_styles, plotted, resolve_panel, with_x, y_range)
 
@@ -35,6 +35,7 @@ class ArmChart(NamedTuple):
     figure: go.Figure
     caption: str
     styles: str = ""
+    note: str = ""  # 'band clipped to the metric's range [0, 1]' where it has one (``clip_note``)
 
 
 # Points drawn per curve at most: the plot area's width in pixels of a chart of the page's
@@ -143,7 +144,7 @@ def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: st
         "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
         "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}}, "yaxis": yaxis,
         "showlegend": legend, "legend": LEGEND_SIDE, "uirevision": "keep"})
-    return ArmChart(fig, captions[0] if captions else "", line_styles(present))
+    return ArmChart(fig, captions[0] if captions else "", line_styles(present), clip_note(kind.bounds) if means else "")
 
 
 def arm_colours(df: pd.DataFrame) -> dict[str, str]:

@@ -22,17 +22,14 @@ from scipy.signal import lfilter
 @dataclass(frozen=True)
 class Metric:
     """What a logged metric is, for drawing it honestly: the y-axis title with its unit, its
-    possible range (a band is clipped to it), which direction is better (None: neither), how the
-    engine reduces it over ranks and how the arms view aggregates it over seeds, and whether it is
-    a secondary series (a min / max / per-region line beside a panel's main one: hidden until the
+    possible range (a band is clipped to it), which direction is better (None: neither), and
+    whether it is a secondary series (a min / max / per-region line beside a panel's main one: hidden until the
     page's "Secondary series" toggle shows it)."""
 
     axis: str  # the y-axis title, unit included: "tokens", "seconds", "fraction of prompts"
     low: float = -math.inf
     high: float = math.inf
-    better: str | None = None  # "higher", "lower" or None
-    over_ranks: str = "mean"  # the engine's reduction over ranks: mean, min, max, sum
-    over_seeds: str = "mean"  # the arms view's line: the mean over seeds (with the chosen band)
+    better: str | None = None  # "higher", "lower" or None: said in the chart's help (Panel.describe)
     secondary: bool = False
 
     @property
@@ -50,7 +47,10 @@ FRACTION = Metric("fraction", 0.0, 1.0)
 TOKENS = Metric("tokens", 0.0)
 SECONDS = Metric("seconds", 0.0)
 COUNT = Metric("count", 0.0)
-NATS = Metric("nats per token", 0.0)  # a KL is >= 0 (a k1 estimate's step mean may dip below: see clip_band)
+NATS = Metric("nats per token", 0.0)  # an entropy, a spread: >= 0
+# A KL estimate: the KL itself is >= 0, but k1's per-token values and step means can be < 0 (the
+# ppo, rloo and reinforce_pp presets use k1), so a band or axis clipped at 0 would hide data
+KL_ESTIMATE = Metric("nats per token (estimate)")
 UNKNOWN = Metric("value")  # a logged metric no panel describes: no range, no direction
 
 
@@ -70,6 +70,11 @@ class Panel:
         """The metadata of one of this panel's metrics."""
         return self.kinds.get(metric, self.kind)
 
+    def describe(self) -> str:
+        """The chart's help line: what it draws, and which way is better where that is known."""
+        better = sorted({f"{m}: {self.meta(m).better} is better" for m in self.metrics if self.meta(m).better})
+        return self.help + (f" ({'; '.join(better)}.)" if better else "")
+
     def primary(self) -> tuple[str, ...]:
         """The metrics drawn by default (secondary series left out)."""
         return tuple(m for m in self.metrics if not self.meta(m).secondary)
@@ -81,7 +86,7 @@ _MISMATCH = Metric("nats per token (|log-ratio|)", 0.0, better="lower")
 
 def _extremes(low_name: str, high_name: str, kind: Metric) -> dict[str, Metric]:
     """A panel's per-batch min and max beside its mean: secondary series, reduced by min / max."""
-    return {low_name: kind.but(over_ranks="min", secondary=True), high_name: kind.but(over_ranks="max", secondary=True)}
+    return {low_name: kind.but(secondary=True), high_name: kind.but(secondary=True)}
 
 
 # The Compare page's charts, in display order, grouped (rewards, eval, KL and distillation,
@@ -106,8 +111,9 @@ PANELS: dict[str, Panel] = {
                             "Mean reward of the greedy completion of each prompt: the baseline ReMax subtracts "
                             "(advantage = reward - greedy reward).",
         Metric("reward")),
-    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference).",
-        NATS),
+    "kl": Panel("KL to the reference", ("kl",), "Mean per-token KL estimate (0 when kl_coef = 0: no reference; "
+                "k1's can be < 0).",
+        KL_ESTIMATE),
     # its own panel: the std of a heavy-tailed per-token estimate is often 10x its mean
     "kl_token_std": Panel("KL spread over tokens", ("kl/token_std",),
                           "Std over the batch's completion tokens of the per-token KL estimate whose mean is kl "
@@ -143,7 +149,7 @@ PANELS: dict[str, Panel] = {
                            "sequence's tokens clipped low (clip_ratio/low_min) and the largest clipped high "
                            "(clip_ratio/high_max), averaged over the step's micro-batches. high_max near 1 means "
                            "some completion is clipped almost everywhere.",
-        FRACTION.but(axis="fraction of a sequence's tokens"), {"clip_ratio/low_min": FRACTION.but(axis="fraction of a sequence's tokens", over_ranks="min"), "clip_ratio/high_max": FRACTION.but(axis="fraction of a sequence's tokens", over_ranks="max")}),
+        FRACTION.but(axis="fraction of a sequence's tokens"), {}),
     "loss_token_fractions": Panel("Tokens the loss treats specially", ("cispo/clip_ratio", "dppo/masked_mean",
                                                                          "dppo/truncated_mean", "clip_cov/selected_mean",
                                                                          "kl_cov/selected_mean", "value/clipfrac"),
@@ -172,7 +178,7 @@ PANELS: dict[str, Panel] = {
         FRACTION.but(axis="fraction of prompts", better="lower")),
     "sampling_mismatch": Panel("Rollout / trainer mismatch", ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"),
                                "|log pi_trainer - log pi_rollout| per token (TRL names): vLLM, bf16, top_p < 1 or train.staleness make it grow.",
-        _MISMATCH, {"sampling/sampling_logp_difference/max": _MISMATCH.but(over_ranks="max", secondary=True)}),
+        _MISMATCH, {"sampling/sampling_logp_difference/max": _MISMATCH.but(secondary=True)}),
     "importance_ratio": Panel("Importance-sampling ratio", ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
                                                             "sampling/importance_sampling_ratio/max"),
                               "pi_trainer / pi_rollout as algorithm.rollout_correction weights it (raw per-token ratios when off).",
@@ -189,7 +195,7 @@ PANELS: dict[str, Panel] = {
     "num_tokens": Panel("Tokens seen", ("num_tokens",),
                         "TRL's num_tokens: prompt + completion tokens of every step so far, over all ranks "
                         "(the tokens x-axis counts completion tokens only).",
-        TOKENS.but(over_ranks="sum")),
+        TOKENS),
     "step_time": Panel("Step time (s)", ("perf/step_time", "perf/generation_time", "perf/train_time", "perf/eval_time"),
                        "Wall time of one step (rollout + rewards + updates), and of its generation (sampling and "
                        "rewards) and training parts; perf/eval_time: a held-out evaluation's wall time, at the steps "
@@ -377,7 +383,8 @@ def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tupl
     if float(edges.max() - edges.min()) <= SWAMP * (hi - lo):
         lo, hi = float(edges.min()), float(edges.max())
     pad = MARGIN * ((hi - lo) or abs(hi) or 1.0)
-    return [max(lo - pad, bounds[0] - pad), min(hi + pad, bounds[1] + pad)]
+    # inside the range widened by the margin, but never cutting off a drawn point outside it
+    return [max(lo - pad, min(bounds[0], lo) - pad), min(hi + pad, max(bounds[1], hi) + pad)]
 
 
 def drawn_metrics(df: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
