@@ -156,3 +156,9 @@ def test_bad_input_is_one_line_and_leaves_no_file(group_home, tmp_path):
     assert_one_line_error(cli(group_home, "report", "g", "--out", str(tmp_path / "no" / "r.html")),
                           "--out=", "does not exist")
     assert list(tmp_path.iterdir()) == []
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    assert_one_line_error(cli(group_home, "report", "g", "--out", str(folder)), "--out=", "is a folder")
+    # a folder nobody may create files in, root included: one line, not a traceback
+    assert_one_line_error(cli(group_home, "report", "g", "--out", "/proc/r.html"), "--out='/proc/r.html'", "cannot write it")
+    assert [p.name for p in tmp_path.iterdir()] == ["a-folder"] and list(folder.iterdir()) == []

@@ -122,6 +122,8 @@ def _cmd_report(args) -> int:
     out = Path(args.out) if args.out else Path(f"report-{slug(args.group)}.html")
     if args.out != "-" and not out.resolve().parent.is_dir():
         raise ValueError(f"--out={args.out!r}: the folder {str(out.resolve().parent)!r} does not exist")
+    if args.out != "-" and out.is_dir():
+        raise ValueError(f"--out={args.out!r} is a folder: name the HTML file to write")
     store = _open_store()
     _sync_before_reading(store)
     text = report_html(store, args.group, metric=args.metric, window=args.window)
@@ -132,6 +134,8 @@ def _cmd_report(args) -> int:
     try:
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, out)
+    except OSError as err:  # a read-only folder, a full disk: one line, not a traceback
+        raise ValueError(f"--out={args.out!r}: cannot write it ({err.strerror or err})") from None
     finally:
         partial.unlink(missing_ok=True)
     print(f"wrote {out}", file=sys.stderr)
