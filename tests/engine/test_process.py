@@ -105,3 +105,15 @@ def test_two_process_data_parallel(wb_home, few_problems, tmp_path):
     # ... and the identical parameters are not simply the untouched start: both ranks updated
     initial, _ = load_policy("tiny")
     assert digests[0] != parameter_digest(initial)
+
+
+def test_two_processes_stay_in_sync_with_the_shared_prefix_and_one_token_completions(wb_home, few_problems, tmp_path):
+    """train.shared_prefix (the default): the prompt pass goes around DDP when a completion pass
+    follows through it. With 1-token completions the prompt pass is the only forward; it went
+    around DDP too, no gradient was all-reduced and the ranks drifted apart (review of issue 20)."""
+    run_dir = tmp_path / "t1"
+    res = launch_two_processes(wb_home, 29541, "grpo", "--set", "train.steps=2", "--set", f"dataset={few_problems}",
+                               "--set", "sampling.max_completion_length=1", "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr[-3000:]
+    digests = [(run_dir / f"params.rank{r}.sha256").read_text() for r in (0, 1)]
+    assert digests[0] == digests[1] != parameter_digest(load_policy("tiny")[0])

@@ -146,8 +146,12 @@ def shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, complet
     Completion token 0 is predicted by the prompt's last position, the others by completion
     positions 0 .. T - 2. -> (B, T, V). Equal to the repeated-prompt forward up to float
     summation order (tests/engine/test_forward_prefix.py: 1e-5 in fp32, gradients too)."""
+    completions_run = completion_ids.shape[1] > 1  # else the prompt pass is the only forward
+
     def call(kind, **inputs):
-        m = _without_ddp(model) if kind == "prompt" else model
+        # around DDP only when the completion pass follows through DDP: its reducer all-reduces the
+        # gradients of both passes; with 1-token completions the prompt pass must go through DDP itself
+        m = _without_ddp(model) if kind == "prompt" and completions_run else model
         last = inputs["input_ids"].shape[1] - 1  # as an index tensor: the head sees a contiguous gather (completion_logits)
         out = m(**inputs, **({"logits_to_keep": torch.tensor([last], device=inputs["input_ids"].device)} if kind == "prompt" else {}))
         return out.logits, out.past_key_values
