@@ -8,7 +8,8 @@ import torch
 
 from workbench.recipe import Lora
 from workbench.engine.models import apply_lora, load_policy
-from workbench.engine.rollout import distinct_rows, encode_batch, hf_generate, shared_prompt_cache
+from workbench.engine.forward import prompt_groups
+from workbench.engine.rollout import encode_batch, hf_generate, shared_prompt_cache
 
 # three prompts of different lengths (left padding differs), G = 4 copies each
 PROMPTS = ["3+2=", "17-4=", "6+1=9-"]
@@ -27,14 +28,14 @@ def _assert_same_rollout(shared, plain):
     assert shared.completions == plain.completions and shared.prompts_truncated == plain.prompts_truncated
 
 
-def test_distinct_rows_maps_every_row_back():
+def test_prompt_groups_map_every_row_back():
     ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6], [0, 5, 6], [7, 8, 9]])
     mask = (ids != 0).long()
-    u_ids, u_mask, inverse = distinct_rows(ids, mask)
+    u_ids, u_mask, inverse = prompt_groups(ids, mask)
     assert u_ids.shape == (2, 3)
     assert torch.equal(u_ids[inverse], ids) and torch.equal(u_mask[inverse], mask)
     # same ids, different mask: two rows (a real pad token equal to a content token must not merge them)
-    u_ids, _, _ = distinct_rows(torch.tensor([[1, 2], [1, 2]]), torch.tensor([[1, 1], [0, 1]]))
+    u_ids, _, _ = prompt_groups(torch.tensor([[1, 2], [1, 2]]), torch.tensor([[1, 1], [0, 1]]))
     assert u_ids.shape[0] == 2
 
 
@@ -70,6 +71,13 @@ def test_shared_prompt_cache_only_where_it_saves(wb_home):
     model, tok = load_policy("tiny")
     ids, mask, _ = encode_batch(tok, PROMPTS)  # no prompt repeats: nothing to share
     assert shared_prompt_cache(model, ids, mask) is None
+    # a generation config that names its own cache: generate refuses a second one, so none is made
+    repeated, repeated_mask, _ = encode_batch(tok, PROMPTS * 2)
+    model.generation_config.cache_implementation = "static"
+    try:
+        assert shared_prompt_cache(model, repeated, repeated_mask, min_saved_tokens=0) is None
+    finally:
+        model.generation_config.cache_implementation = None
     ids, mask, _ = encode_batch(tok, PROMPTS * 2)
     saved = 3 * (ids.shape[1] - 1)  # 3 repeated rows x P - 1 cached positions each
     assert shared_prompt_cache(model, ids, mask, min_saved_tokens=saved + 1) is None

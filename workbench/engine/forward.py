@@ -23,8 +23,13 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
     ``generate`` with left padding (so trainer and rollout log-probs agree)."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    return input_ids, attention_mask, position_ids
+    return input_ids, attention_mask, mask_positions(attention_mask)
+
+
+def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows (B, L) -> (B, L): cumsum(mask) - 1, 0 on the padding
+    (``generate``'s rule; the trainer, the shared prefix and the generation prefill all use it)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 #: Elements of one chunk of logit rows (16 MiB in fp32) in the row-wise log-softmax / entropy:
@@ -103,34 +108,35 @@ def prompt_groups(prompt_ids, prompt_mask) -> tuple[torch.Tensor, torch.Tensor, 
     return unique[:, :P].to(prompt_ids.dtype), unique[:, P:].to(prompt_mask.dtype), inverse
 
 
-def _shares_prefixes(model, prompt_ids, prompt_mask) -> torch.Tensor | None:
-    """The inverse of :func:`prompt_groups` when the shared-prefix forward applies, else None:
-    the plain path runs when every prompt is unique (nothing to save), under active gradient
-    checkpointing (transformers drops the cache), or for a model whose forward takes no
-    ``past_key_values``."""
+Groups = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # prompt_groups: (U, P), (U, P), (B,)
+
+
+def _shares_prefixes(model, prompt_ids, prompt_mask) -> Groups | None:
+    """:func:`prompt_groups` when the shared-prefix forward applies, else None: the plain path
+    runs when every prompt is unique (nothing to save), under active gradient checkpointing
+    (transformers drops the cache), or for a model whose forward takes no ``past_key_values``."""
     if prompt_ids.shape[0] < 2 or not _accepts(model, "past_key_values") or _checkpointing(model):
         return None
-    inverse = prompt_groups(prompt_ids, prompt_mask)[2]
-    return inverse if int(inverse.max()) + 1 < prompt_ids.shape[0] else None
+    groups = prompt_groups(prompt_ids, prompt_mask)
+    return groups if groups[0].shape[0] < prompt_ids.shape[0] else None
 
 
-def _prefix_then_completion(call, prompt_ids, prompt_mask, completion_ids, completion_mask, **last):
+def _prefix_then_completion(call, groups: Groups, prompt_ids, prompt_mask, completion_ids, completion_mask):
     """The shared-prefix forward (Prefix Grouper, 2025): each unique prompt runs once, with the
     KV cache; the cache is indexed to the B rows (index_select: the G rows' gradients flow back
     into their prompt's one computation, summed); the completions then run against it with
     position ids continuing the left-padded prompt's (``sequence_inputs``'s convention).
 
-    ``call(model_kind, **inputs)`` runs the model: ``"prompt"`` or ``"completion"``; ``last``
-    holds the keyword asking for the output at the prompt's last position. Returns (prompt
-    output at its last position indexed to rows, completion output over completion positions
-    0 .. T - 2, or None when T = 1); each output is what ``call`` returns.
+    ``call(model_kind, **inputs)`` runs the model: ``"prompt"`` (returning the output at the
+    prompt's last position and the cache) or ``"completion"``; ``groups``: the batch's
+    ``prompt_groups``. Returns (prompt output at its last position indexed to rows, completion
+    output over completion positions 0 .. T - 2, or None when T = 1).
 
     Dropout (LoRA dropout > 0) then draws one mask per prompt, shared by its rows, where the
     plain forward draws one per row: both unbiased, not the same random numbers."""
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    u_ids, u_mask, inverse = prompt_groups(prompt_ids, prompt_mask)
-    u_pos = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
-    head, cache = call("prompt", input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, use_cache=True, **last)
+    u_ids, u_mask, inverse = groups
+    head, cache = call("prompt", input_ids=u_ids, attention_mask=u_mask, position_ids=mask_positions(u_mask), use_cache=True)
     head = head.index_select(0, inverse)
     if T == 1:
         return head, None
@@ -141,7 +147,7 @@ def _prefix_then_completion(call, prompt_ids, prompt_mask, completion_ids, compl
     return head, rest
 
 
-def shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+def shared_prefix_logits(model, groups: Groups, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
     """``completion_logits`` with each distinct prompt run once (``_prefix_then_completion``).
     Completion token 0 is predicted by the prompt's last position, the others by completion
     positions 0 .. T - 2. -> (B, T, V). Equal to the repeated-prompt forward up to float
@@ -152,19 +158,23 @@ def shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, complet
         # around DDP only when the completion pass follows through DDP: its reducer all-reduces the
         # gradients of both passes; with 1-token completions the prompt pass must go through DDP itself
         m = _without_ddp(model) if kind == "prompt" and completions_run else model
+        if kind != "prompt":
+            return m(**inputs).logits, None
         last = inputs["input_ids"].shape[1] - 1  # as an index tensor: the head sees a contiguous gather (completion_logits)
-        out = m(**inputs, **({"logits_to_keep": torch.tensor([last], device=inputs["input_ids"].device)} if kind == "prompt" else {}))
-        return out.logits, out.past_key_values
+        keep = {"logits_to_keep": torch.tensor([last], device=inputs["input_ids"].device)} if _accepts(model, "logits_to_keep") else {}
+        out = m(**inputs, **keep)
+        return out.logits[:, -1:], out.past_key_values
 
-    head, rest = _prefix_then_completion(call, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    head, rest = _prefix_then_completion(call, groups, prompt_ids, prompt_mask, completion_ids, completion_mask)
     return head if rest is None else torch.cat([head, rest], dim=1)
 
 
 def training_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, shared_prefix: bool = False) -> torch.Tensor:
     """The logits of ``completion_logits`` (B, T, V), through the shared-prefix forward when
     ``shared_prefix`` and it applies (``_shares_prefixes``), else the plain one."""
-    if shared_prefix and _shares_prefixes(model, prompt_ids, prompt_mask) is not None:
-        return shared_prefix_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    groups = _shares_prefixes(model, prompt_ids, prompt_mask) if shared_prefix else None
+    if groups is not None:
+        return shared_prefix_logits(model, groups, prompt_ids, prompt_mask, completion_ids, completion_mask)
     return completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
 
 
@@ -251,13 +261,14 @@ class ValueModel(nn.Module):
         """Values (B, T), fp32. With ``shared_prefix`` the backbone runs each distinct prompt once
         (``_prefix_then_completion``; V(s_0) is the prompt's last hidden state), falling back to
         the plain forward where that does not apply (``_shares_prefixes``)."""
-        if self.shared_prefix and _shares_prefixes(self.backbone, prompt_ids, prompt_mask) is not None:
+        groups = _shares_prefixes(self.backbone, prompt_ids, prompt_mask) if self.shared_prefix else None
+        if groups is not None:
             def call(kind, **inputs):
                 out = self.backbone(**inputs)
                 hidden = out.last_hidden_state
                 return (hidden[:, -1:] if kind == "prompt" else hidden), out.past_key_values
 
-            first, rest = _prefix_then_completion(call, prompt_ids, prompt_mask, completion_ids, completion_mask)
+            first, rest = _prefix_then_completion(call, groups, prompt_ids, prompt_mask, completion_ids, completion_mask)
             hidden = first if rest is None else torch.cat([first, rest], dim=1)
             return self.head(hidden).squeeze(-1).float()
         input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)

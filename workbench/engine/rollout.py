@@ -25,7 +25,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from transformers import Cache
+
 from workbench.core import Registry, logprobs_from_logits
+from workbench.engine.forward import _accepts, mask_positions, prompt_groups
 from workbench.engine.prompts import Prompt, encode_prompts, stop_token_ids
 
 
@@ -130,16 +133,6 @@ def _sampling_kwargs(temperature: float, top_p: float) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
 
 
-def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, P) prompt ids and mask -> the distinct (ids, mask) rows (U, P) each, and for every row
-    its distinct row's index (B,): rows[inverse] == the input. GRPO's G copies of a prompt are one
-    distinct row (same ids, same left padding)."""
-    P = input_ids.shape[1]
-    rows, inverse = torch.unique(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1), dim=0,
-                                 return_inverse=True)
-    return rows[:, :P], rows[:, P:].to(attention_mask.dtype), inverse
-
-
 #: Prompt tokens a shared prefill must save to be used: below this the extra forward call costs
 #: more than it saves (bench/generation_prefill_bench.py: the tiny model's 16 completions of 2
 #: prompts save ~70 tokens and generate 1.07x slower; SmolLM2's chat prompts save ~1,500 tokens
@@ -160,14 +153,18 @@ def shared_prompt_cache(model, input_ids: torch.Tensor, attention_mask: torch.Te
     produce the first token's logits itself. Positions follow the mask as in ``generate``
     (cumsum - 1 over left padding), so the cached keys / values equal the batched prefill's up
     to float rounding (~1e-6 in fp32). input_ids, attention_mask: (B, P)."""
-    if input_ids.shape[1] < 2:
+    # a model without a transformers KV cache, or one whose generation config names its own cache
+    # (generate refuses both a cache_implementation and past_key_values): the plain prefill
+    if (input_ids.shape[1] < 2 or not _accepts(model, "past_key_values")
+            or getattr(getattr(model, "generation_config", None), "cache_implementation", None) is not None):
         return None
-    ids, mask, inverse = distinct_rows(input_ids, attention_mask)
+    ids, mask, inverse = prompt_groups(input_ids, attention_mask)
     if ids.shape[0] == input_ids.shape[0] or (input_ids.shape[0] - ids.shape[0]) * (input_ids.shape[1] - 1) < min_saved_tokens:
         return None
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+    cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=mask_positions(mask)[:, :-1],
                   use_cache=True).past_key_values
+    if not isinstance(cache, Cache):
+        return None
     cache.reorder_cache(inverse.to(ids.device))  # index_select along the batch: (U, ...) -> (B, ...)
     return cache
 
