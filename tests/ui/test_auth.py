@@ -152,11 +152,11 @@ def test_forged_delete_and_cancel_are_refused(signed_out, store):
 def test_forged_launch_and_settings_save_are_refused(signed_out, store):
     at = forged("from workbench.ui import launch_page; launch_page.render()").run()
     at.button(key="launch_go").click().run()
-    # known gap (closing note, issue 19): the Launch button's on_click sets its pending flag before the
-    # guard refuses the click, so the page also tries that launch and the run service refuses it again
-    assert set(refusal(at)) == {"Refused: Sign in (sidebar) to launch, cancel or delete runs."}
+    # once: the click's callback starts no flight for a session that may not launch
+    assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]
+    assert "launch_flight" not in at.session_state
     at.button(key="quick_compare").click().run()
-    assert set(refusal(at)) == {"Refused: Sign in (sidebar) to launch, cancel or delete runs."}
+    assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]
     at = forged("from workbench.ui.labs import estimators; estimators.render_walkthrough('rloo')").run()
     at.button(key="rloo_launch").click().run()
     assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]

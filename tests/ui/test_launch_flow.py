@@ -56,16 +56,91 @@ def test_a_launch_answers_at_its_button_and_links_to_the_run(home, store, cleanu
     assert not at.button(key="launch_go").disabled  # recorded: enabled again
 
 
-def test_a_pending_launch_draws_the_button_disabled_and_launches_once(home, store, cleanup):
-    """The click's callback marks the launch pending before the rerun: that rerun draws the button
-    disabled (Streamlit drops clicks on a disabled button), launches once, then enables it."""
+def interrupted_after_launching(monkeypatch) -> None:
+    """Make every launch end the way a second click's rerun ends it in the browser: the real launch
+    runs, then a stop is queued, which Streamlit raises at the script's next Streamlit call (here
+    the launch spinner's exit), before the page has recorded the launch."""
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    launch = wr.launch_planned
+
+    def launch_then_interrupt(*args, **kwargs):
+        ids = launch(*args, **kwargs)
+        get_script_run_ctx().script_requests.request_stop()
+        return ids
+
+    monkeypatch.setattr(wr, "launch_planned", launch_then_interrupt)
+
+
+def click_as_still_enabled(at, key: str):
+    """Click a button as a client that has not yet received the delta drawing it disabled (in a
+    50 ms burst the next click leaves before the rerun's first messages arrive)."""
+    button = at.button(key=key)
+    button.proto.disabled = False
+    return button.click()
+
+
+def test_a_click_arriving_mid_launch_launches_nothing_more(home, store, cleanup, monkeypatch):
+    """The second click's rerun interrupts the first after its launch, before the page recorded
+    it: the old flow then said nothing of the run it had started (and in the browser, where such a
+    click can reach the button's callback, a burst launched 2 runs). The flight carries the
+    launch's ids; the next rerun shows that launch and adds none."""
     at = page("launch_page").run()
     at.text_input(key="rf:train.steps").input("2").run()
-    button = at.button(key="launch_go")
-    assert button.proto.disabled is False
+    interrupted_after_launching(monkeypatch)
     at.button(key="launch_go").click().run()
-    at.run()  # a rerun after the launch (a second click's rerun arriving late) launches nothing
-    assert len(store.list_runs()) == 1 and "launch_pending" not in at.session_state
+    assert len(store.list_runs()) == 1 and not at.success  # launched, not yet said
+    assert at.button(key="launch_go").disabled  # drawn disabled while in flight
+    click_as_still_enabled(at, "launch_go").run()  # the burst's next click
+    [run_id] = store.list_runs()["id"]
+    assert [m.value for m in at.success] == [f"Launched run: `{run_id}`. Watch it on **Live / Compare**."]
+    assert "launch_flight" not in at.session_state and not at.button(key="launch_go").disabled
+    at.run()  # a late rerun launches nothing either
+    assert len(store.list_runs()) == 1
+
+
+def test_a_click_reaching_the_callback_mid_flight_adds_nothing(home):
+    """Whatever Streamlit lets through (a click sent while the client still drew the button
+    enabled), the callback of a click that arrives while a flight is in the air keeps that flight:
+    one flight, one launch."""
+    from streamlit.testing.v1 import AppTest
+
+    def script():
+        import streamlit as st
+
+        from workbench.ui.common import request_flight
+
+        request_flight("flight")
+        first = dict(st.session_state["flight"])
+        request_flight("flight")
+        st.text(f"kept: {first == st.session_state['flight']}")
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception and [t.value for t in at.text] == ["kept: True"]
+
+
+def test_a_quick_comparison_clicked_mid_launch_launches_one_group(home, store, cleanup, monkeypatch):
+    """The quick comparison's button has the same flight: one group of 9 runs however the clicks fall."""
+    at = page("launch_page").run()
+    interrupted_after_launching(monkeypatch)
+    at.button(key="quick_compare").click().run()
+    click_as_still_enabled(at, "quick_compare").run()
+    runs = store.list_runs()
+    assert len(runs) == 3 * wr.QUICKSTART_SEEDS and runs["group"].nunique() == 1
+    assert at.success and at.success[0].value.startswith(f"Launched comparison group **{runs['group'].iloc[0]}**")
+    assert at.button(key="quick_compare").disabled  # its group is running
+
+
+def test_a_flight_left_behind_by_a_page_change_is_dropped_not_launched(home, store, monkeypatch):
+    """A click whose rerun was cut off before it launched (the user went to another page) must not
+    launch when the Launch page is next drawn, minutes later."""
+    from workbench.ui import common
+
+    at = page("launch_page").run()
+    at.session_state["launch_flight"] = {"token": "old", "at": 0.0}  # made by a click long ago
+    at.run()
+    assert store.list_runs().empty and "launch_flight" not in at.session_state
+    assert common.FLIGHT_TTL_S < 120
 
 
 def test_live_compare_opens_the_run_or_group_the_link_names(home, store):

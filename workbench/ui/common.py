@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+import time
+import uuid
+from typing import Callable, Iterable
 
 import pandas as pd
 import streamlit as st
@@ -102,21 +104,85 @@ def launch_planned_and_remember(planned: list[wr.PlannedRun], group: str | None 
     all or nothing; remember them so Live / Compare opens on them. Returns their ids, or None
     after showing why nothing was launched. Reward functions are held to the app's list and the
     datasets read before anything is written (``wr.launch_planned``)."""
-    from workbench.ui.recipe_form import allowed_reward_refs  # the app's rule: built-ins + settings' list
-
     if refused("launch"):
         return None
     try:
-        ids = wr.launch_planned(planned, principal=auth.current_principal(), group=group, target=target, tags=list(tags),
-                                notes=notes, store=store(), reward_funcs_allowed=allowed_reward_refs())
+        ids = _launch_as_principal(planned, group, target=target, tags=tags, notes=notes)
     except LAUNCH_ERRORS as err:
         st.error(str(err))
         return None
-    st.session_state["launch_result"] = {"group": group, "ids": ids}
+    remember_launch(ids, group)
+    return ids
+
+
+def _launch_as_principal(planned: list[wr.PlannedRun], group: str | None, *, target: str = "local",
+                         tags: Iterable[str] = (), notes: str = "") -> list[str]:
+    """``wr.launch_planned`` as this session's principal, reward functions held to the app's list.
+    Makes no Streamlit call: nothing in it is a point where a rerun can interrupt the script."""
+    from workbench.ui.recipe_form import allowed_reward_refs  # the app's rule: built-ins + settings' list
+
+    return wr.launch_planned(planned, principal=auth.current_principal(), group=group, target=target, tags=list(tags),
+                             notes=notes, store=store(), reward_funcs_allowed=allowed_reward_refs())
+
+
+def remember_launch(ids: list[str], group: str | None) -> None:
+    """Remember launched runs: the launch's message shows them; Live / Compare opens on them."""
+    st.session_state["launch_result"] = {"group": group, "ids": list(ids)}
     if group:
         st.session_state["compare_group"] = group
-    st.session_state["compare_runs"] = ids
-    return ids
+    st.session_state["compare_runs"] = list(ids)
+
+
+# -- launches in flight: one click, one launch, even in a burst of clicks -----------------------------
+# A click's rerun can be interrupted by the next click's rerun at any Streamlit call (they are the
+# script's yield points), also after the launch and before it is recorded; a flag consumed at the
+# start of the rerun then let the next click launch again (a burst launched 2 runs). A flight is
+# made by the first click's callback only, carries the launch's ids the moment they exist (the
+# launch and that assignment have no Streamlit call between them), and ends once they are
+# remembered: every click in between finds it and adds nothing.
+
+#: A flight that has not launched within this long (the user left the page mid-rerun) is dropped,
+#: not launched when the page is next drawn.
+FLIGHT_TTL_S = 30.0
+
+
+def request_flight(key: str) -> None:
+    """on_click of a launch button: start a flight under ``key`` unless one is in the air or this
+    session may not launch (then the click's rerun only says why: ``guarded_button``). Runs before
+    the rerun the click makes, which therefore draws the button disabled."""
+    if key not in st.session_state and auth.blocked_reason("launch") is None:
+        st.session_state[key] = {"token": uuid.uuid4().hex, "at": time.time()}
+
+
+def in_flight(key: str) -> bool:
+    return key in st.session_state
+
+
+def carry_out_flight(key: str, plan: Callable[[], list[wr.PlannedRun]], group: str | None, *, ready: bool = True,
+                     target: str = "local", tags: Iterable[str] = (), notes: str = "") -> list[str] | None:
+    """Launch the flight under ``key`` once: plan it (``plan()``), launch it as this session's
+    principal and remember the runs. Returns their ids when this rerun ended the flight, else None
+    (no flight; the form is not ``ready`` or the flight too old: dropped; or the launch failed:
+    shown, dropped). A flight that launched in an interrupted rerun is only remembered here."""
+    flight = st.session_state.get(key)
+    if flight is None:
+        return None
+    if "ids" not in flight:
+        if not ready or time.time() - flight["at"] > FLIGHT_TTL_S:
+            del st.session_state[key]
+            return None
+        try:
+            with st.spinner("Launching…"):
+                planned = plan()
+                flight["group"] = group
+                flight["ids"] = _launch_as_principal(planned, group, target=target, tags=tags, notes=notes)
+        except LAUNCH_ERRORS as err:
+            del st.session_state[key]
+            st.error(str(err))
+            return None
+    remember_launch(flight["ids"], flight["group"])
+    del st.session_state[key]
+    return flight["ids"]
 
 
 # -- the verdict table (Live / Compare's arms view, the Experiments lab) ------------------------------

@@ -14,8 +14,8 @@ from workbench import runs as wr
 from workbench.runs.planning import InertSweepError, check_joins_group, inert_sweeps
 from workbench.recipe import Recipe, RecipeError, load_recipe, preset_names
 from workbench.engine.rewards import check_app_reward_funcs
-from workbench.ui.common import (LAUNCH_ERRORS, any_active, blocked_notice, guarded_button,
-                                 launch_planned_and_remember, run_option, store)
+from workbench.ui.common import (LAUNCH_ERRORS, any_active, blocked_notice, carry_out_flight, guarded_button,
+                                 in_flight, request_flight, run_option, store)
 from workbench.ui.recipe_form import (allowed_reward_refs, app_paths_sweep, check_app_paths, comparison_recipes,
                                       fields_at_fault, load_into_form, preset_notes, render_form, section_title,
                                       sweep_values_help, sweepable_fields)
@@ -29,6 +29,9 @@ def _targets() -> tuple[list[str], str | None]:
         return ["local", "slurm"], str(err)
     return ["local", *[f"ssh://{h}" for h in hosts], "slurm"], None
 
+
+#: Session keys of the two launch buttons' flights (``common.request_flight``).
+FORM_FLIGHT, QUICK_FLIGHT = "launch_flight", "quick_flight"
 
 TARGET_LABELS = {"local": "this machine", "slurm": "SLURM (sbatch)"}
 
@@ -78,25 +81,17 @@ def _quick_comparison() -> None:
                     "saying which gaps are real (timings: bench/learning_bench.py).")
         running = _active_quick_group()
         help_ = f"Your quick comparison {running} is still running: watch it on Live / Compare." if running else None
-        clicked = guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary",
-                                 disabled=bool(running), help=help_)
-        _show_result("quick")
-        if not clicked:
-            return
-        if _active_quick_group():  # a click queued before the button was drawn disabled
-            st.info(f"Quick comparison {_active_quick_group()} is already running: no second group launched.")
-            return
-        group = f"quick-{time.strftime('%Y%m%d-%H%M%S')}"
-        st.session_state["quick_group"] = group  # set before launching: a click arriving meanwhile is refused
-        try:
-            planned = wr.quickstart_plan()
-        except LAUNCH_ERRORS as err:
-            planned = None
-            st.error(str(err))
-        if planned and launch_planned_and_remember(planned, group):
+        guarded_button("Quick comparison: GRPO vs RLOO vs PPO", key="quick_compare", type="primary", action="launch",
+                       disabled=bool(running) or in_flight(QUICK_FLIGHT), help=help_,
+                       on_click=request_flight, args=(QUICK_FLIGHT,))
+        # a click queued before the button was drawn disabled finds its group running: dropped
+        ids = carry_out_flight(QUICK_FLIGHT, wr.quickstart_plan, f"quick-{time.strftime('%Y%m%d-%H%M%S')}",
+                               ready=not running)
+        if ids:
+            st.session_state["quick_group"] = st.session_state["launch_result"]["group"]
             st.session_state["launch_result_at"] = "quick"
             st.rerun()  # the result message (with its link) is drawn under this button
-        st.session_state.pop("quick_group", None)
+        _show_result("quick")
 
 
 def _starting_point() -> tuple[Recipe | None, str]:
@@ -239,12 +234,6 @@ def group_conflict(group: str | None, planned: list[wr.PlannedRun] | None) -> st
     return None
 
 
-def _request_launch() -> None:
-    """on_click of the launch button: runs before the rerun the click makes, so that rerun draws
-    the button disabled (Streamlit then discards any further click on it) until the launch is recorded."""
-    st.session_state["launch_pending"] = True
-
-
 def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe) -> None:
     st.subheader("Launch")
     # the choices leave out the starting point's preset, not whatever the editable run name says
@@ -281,23 +270,21 @@ def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe
         st.error(message, icon=":material/error:")
     blocked_notice()
     ready = planned is not None and not conflict
-    pending = st.session_state.get("launch_pending", False)
     button, feedback = st.columns([1, 3], vertical_alignment="center")
     with button:
-        guarded_button(launch_label(planned, seeds), key="launch_go", type="primary", disabled=not ready or pending,
-                       on_click=_request_launch)
+        guarded_button(launch_label(planned, seeds), key="launch_go", type="primary", action="launch",
+                       disabled=not ready or in_flight(FORM_FLIGHT), on_click=request_flight, args=(FORM_FLIGHT,))
     with feedback:
-        if not st.session_state.pop("launch_pending", False) or not ready:
+        tags = [t.strip() for t in tags_text.split(",") if t.strip()]
+        group = (group.strip() or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if planned and len(planned) > 1 else None
+        ids = carry_out_flight(FORM_FLIGHT, lambda: planned, group, ready=ready, target=target,
+                               tags=tags, notes=notes)
+        if not ids:
             _show_result("form")
             return
-        tags = [t.strip() for t in tags_text.split(",") if t.strip()]
-        group = (group.strip() or f"cmp-{time.strftime('%Y%m%d-%H%M%S')}") if len(planned) > 1 else None
-        with st.spinner("Launching…"):
-            ids = launch_planned_and_remember(planned, group, target=target, tags=tags, notes=notes)
-        if ids:
-            st.session_state["launch_result_at"] = "form"
-            st.session_state["launch_count"] = launches + 1
-            st.rerun()  # the button enabled again, the result beside it
+        st.session_state["launch_result_at"] = "form"
+        st.session_state["launch_count"] = launches + 1
+        st.rerun()  # the button enabled again, the result beside it
 
 
 def render() -> None:
