@@ -244,15 +244,16 @@ def test_the_task_picker_is_grouped_and_searchable_by_family(home):
 
 def test_chat_samples_show_the_question_first_and_the_completion_beside(home, store):
     system = "You are a helpful assistant. " * 20
+    question = "What is 3 + 4? ![x](http://evil.example/t.png) **[win](javascript:alert(1))**"  # a dataset's text
     run = add_run(store, name="chat", steps=0)
     store.ingest(run, [{"kind": "samples", "step": 0, "time": 1.0, "samples": [
-        {"prompt": [{"role": "system", "content": system}, {"role": "user", "content": "What is 3 + 4?"}],
+        {"prompt": [{"role": "system", "content": system}, {"role": "user", "content": question}],
          "completion": "<answer>7</answer>", "reward": 1.0, "advantage": 0.5, "length": 6, "truncated": False}]}])
     at = page("compare_page").run()
     assert not at.exception
     chats = at.get("chat_message")
     assert [c.proto.name for c in chats] == ["user", "assistant"]
-    assert chats[0].markdown[0].value == "What is 3 + 4?"
+    assert chats[0].get("text")[0].value == question and not chats[0].markdown  # plain text, never markdown
     assert chats[1].get("text")[0].value == "<answer>7</answer>"
     [expander] = [e for e in at.expander if e.label.startswith("Earlier messages")]
     assert expander.label == "Earlier messages (1: system)" and system.strip() in expander.get("text")[0].value

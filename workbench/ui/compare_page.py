@@ -13,6 +13,8 @@ and is not touched at all."""
 
 from __future__ import annotations
 
+import re
+
 from functools import partial
 
 import pandas as pd
@@ -143,21 +145,26 @@ def _sample_numbers(row) -> str:
     return " · ".join(parts)
 
 
+def _role_label(message: dict) -> str:
+    """A chat message's role as a label: word characters only (the expander's label is markdown)."""
+    return re.sub(r"[^\w-]", "", str(message.get("role", "")))[:24] or "?"
+
+
 def _chat_sample(row, chat: tuple[str, list[dict]]) -> None:
     """One conversational sample as a chat: the last user turn, the earlier messages collapsed,
-    and the completion beside it with its reward."""
+    and the completion beside it with its reward. Every part of it comes from a dataset, so all
+    of it is drawn as plain text (markdown would render a link or an image it carried)."""
     question, others = chat
     with st.container(border=True):
         left, right = st.columns(2)
         with left:
             with st.chat_message("user"):
-                st.markdown(question)
+                st.text(question)
             if others:
-                roles = ", ".join(dict.fromkeys(str(m.get("role", "?")) for m in others))
+                roles = ", ".join(dict.fromkeys(_role_label(m) for m in others))
                 with st.expander(f"Earlier messages ({len(others)}: {roles})"):
                     for message in others:
-                        st.markdown(f"**{message.get('role', '?')}**")
-                        st.text(str(message["content"]))
+                        st.text(f"{_role_label(message)}:\n{message['content']}")
         with right:
             with st.chat_message("assistant"):
                 st.text(str(row["completion"]))
