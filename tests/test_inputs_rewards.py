@@ -148,3 +148,28 @@ def test_launch_reads_the_dataset_before_anything_is_written(fresh_home):
     res = cli(fresh_home, "launch", "grpo", "--seeds", "2", "--set", "reward_funcs=[nosuchmod:f]")
     assert_one_line_error(res, "reward_funcs", "nosuchmod")
     assert leftovers(fresh_home) == []
+
+
+@pytest.mark.parametrize("field", ["dataset", "eval.dataset", "model"])
+def test_the_app_launch_refuses_a_path_outside_the_home_in_the_service(fresh_home, tmp_path, field):
+    """The Launch page confines its path fields (``app_path_value``); the run service checks every
+    recipe launched for the app again, so a caller that skipped the form (a crafted client, a
+    future page) cannot make a run read a file outside the workbench home. The CLI opts out."""
+    from workbench.runs.confinement import PATH_FIELDS
+    from workbench.runs.service import check_launch_inputs
+
+    assert set(PATH_FIELDS) == {"dataset", "eval.dataset", "model"}  # the class: every path field
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "data.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    value = str(outside) if field == "model" else str(outside / "data.jsonl")
+    recipe = load_recipe("grpo", [f"{field}={value}", "train.steps=1"])
+    with pytest.raises(ValueError, match=f"^{field}="):
+        wr.launch_planned(wr.plan_runs([recipe]), principal=local_principal(), reward_funcs_allowed=())
+    assert leftovers(fresh_home) == []
+    with pytest.raises(ValueError, match=f"^{field}="):
+        check_launch_inputs([recipe], reward_funcs_allowed=())
+    inside = fresh_home / "data.jsonl"
+    inside.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    if field != "model":  # inside the home: passes the confinement (and the dataset reads)
+        check_launch_inputs([load_recipe("grpo", [f"{field}={inside}", "train.steps=1"])], reward_funcs_allowed=())

@@ -23,6 +23,7 @@ from workbench.export.commands import MIXED_PRECISION
 from workbench.home import confined_path, workbench_home
 from workbench.runs.authz import Principal, authorize
 from workbench.runs.collector import forget_alive_check, lose, sync
+from workbench.runs.confinement import check_app_paths
 from workbench.runs.launchers import ConfigError, LaunchError, Launcher, target_scheme
 from workbench.runs.names import check_group, check_run_name, check_tag, new_run_id
 from workbench.runs.planning import PlannedRun, check_joins_group, plan_runs
@@ -58,18 +59,20 @@ def check_launch_inputs(recipes: Iterable[Recipe], *, target: str = "local",
     torch-free). By default a reference that is neither a built-in nor in ``reward_funcs_allowed``
     (None: settings' ``reward_funcs_allowed``) is refused before anything is imported: importing a
     module runs its top-level code, and a caller that forgets the argument must not get Python's
-    import rules. ``trust_local_imports=True`` is the CLI's explicit opt-out: the user's own
-    modules, as Python imports them. Another target reads its own files and modules, so only the
+    import rules; likewise a dataset or model path outside the workbench home is refused
+    (``confinement``). ``trust_local_imports=True`` is the CLI's explicit opt-out: the user's own
+    modules and files, as Python imports and reads them. Another target reads its own files and modules, so only the
     allow-list applies there. ValueError naming the field."""
     from workbench.engine.precheck import check_run_inputs, check_task_config
     from workbench.engine.rewards import check_app_reward_funcs
 
     recipes = list(recipes)
-    if not trust_local_imports:  # every recipe, before any of them imports anything
+    if not trust_local_imports:  # every recipe, before any of them imports or reads anything
         if reward_funcs_allowed is None:
             reward_funcs_allowed = tuple((settings or load_settings()).reward_funcs_allowed)
         for recipe in recipes:
             check_app_reward_funcs(recipe.reward_funcs, reward_funcs_allowed)
+            check_app_paths(recipe)
     for recipe in recipes:  # plain data, any target
         check_task_config(recipe)
     if target_scheme(target) != "local":

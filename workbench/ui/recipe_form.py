@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from workbench.algorithms import FAMILIES, inert_knobs
 from workbench.engine.rewards import app_reward_choices
 from workbench.engine.tasks import BUILTIN_FAMILY
-from workbench.home import confined_path
+from workbench.runs.confinement import PATH_FIELDS, app_path_value, app_paths_sweep, check_app_paths  # noqa: F401  (the Launch page's)
 from workbench.recipe import _NAMED_CHOICES, Recipe, format_validation_error, load_recipe  # registry-backed choices
 from workbench.yamlsafe import MAX_VALUE_CHARS, YamlInputError, load_yaml, short
 
@@ -33,7 +33,6 @@ SECTIONS = {"algorithm": "Algorithm", "sampling": "Sampling", "optim": "Optimise
             "logging": "Logging", "checkpoint": "Checkpoints", "eval": "Evaluation", "lora": "LoRA", "teacher": "Distillation"}
 NO_TASK = "(none: use the dataset)"
 KEY_PREFIX = "rf:"
-_MODEL_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 # What "the same experiment" means for a comparison group: these come from the edited recipe,
 # everything else (algorithm, optimiser, mu / minibatches) from each algorithm's preset.
 SHARED_FIELDS = ("model", "task", "dataset", "reward_funcs", "reward_weights", "sampling", "logging", "checkpoint")
@@ -225,72 +224,6 @@ def parse_field(spec: FieldSpec, raw: Any) -> Any:
         if str(err).startswith("not valid YAML"):
             raise ValueError(f"{spec.path}={short(text)} is not a number, list or None") from None
         raise ValueError(f"{spec.path}={short(text)}: {err}") from None
-
-
-# ---- what the app may read from disk --------------------------------------------------------------
-def _dataset_path(field: str, text: str) -> str | None:
-    """A dataset inside the workbench home (relative to it, or absolute), resolved; None for ''."""
-    return str(confined_path(text, field=field)) if text else None
-
-
-def _model_reference(field: str, text: str) -> str:
-    """A built-in model name or a hub id ('org/name') as typed; anything that names a local file
-    or directory (a path, a .gguf file, a directory in the home) resolved inside the home. A
-    hub-id-shaped name that is a path in the app's working directory is refused: the run would
-    read that directory instead of the hub."""
-    from workbench.home import workbench_home
-    from workbench.model_facts import builtin_model_names
-
-    if text in builtin_model_names():
-        return text
-    home = workbench_home()
-    if text.startswith(("/", "~", ".")) or text.endswith(".gguf") or (home / text).exists():
-        path = confined_path(Path(text).expanduser(), field=field)
-        if not path.exists():
-            raise ValueError(f"{field}={short(text)}: no such file or directory in the workbench home")
-        return str(path)
-    if not _MODEL_REF.match(text) or ".." in text:
-        raise ValueError(f"{field}={short(text)} is not allowed; 'tiny', a Hugging Face id like 'org/name' or a "
-                         "model directory inside the workbench home")
-    if Path(text).exists():
-        raise ValueError(f"{field}={short(text)} is a path outside the workbench home; only paths inside it are allowed")
-    return text
-
-
-#: Every recipe field that names something on this machine's disk -> how the app confines it (the
-#: form's fields and the Launch page's swept values both go through ``app_path_value``).
-#: teacher.model is confined by the schema itself (recipe.teacher_reference), for the CLI too.
-PATH_FIELDS = {"dataset": _dataset_path, "eval.dataset": _dataset_path, "model": _model_reference}
-
-
-def app_path_value(field: str, value: Any) -> Any:
-    """``value`` of the path field ``field`` as the app may use it (resolved inside the workbench
-    home), or ValueError naming the field and the value typed (never the file's contents).
-    Values of other fields pass unchanged."""
-    if field not in PATH_FIELDS:
-        return value
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{field}={short(value)} is not allowed; a path inside the workbench home")
-    text = (value or "").strip()
-    if not text.isprintable():
-        raise ValueError(f"{field}={short(text)} is not allowed: control characters")
-    if field == "model" and not text:
-        raise ValueError("model='' is empty; 'tiny' or a Hugging Face id like 'org/name'")
-    return PATH_FIELDS[field](field, text)
-
-
-def app_paths_sweep(sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """A Launch-page sweep with every value of a path field confined as the form confines it."""
-    return {key: [app_path_value(key, v) for v in values] for key, values in sweep.items()}
-
-
-def check_app_paths(recipe: Recipe) -> None:
-    """Every path field of ``recipe`` is one the app may read (ValueError naming the field)."""
-    data = recipe.to_dict()
-    for field in PATH_FIELDS:
-        value = get_path(data, field)
-        if value is not None:
-            app_path_value(field, value)
 
 
 def pydantic_errors(err: ValidationError) -> dict[str, str]:
