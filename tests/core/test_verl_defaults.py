@@ -34,6 +34,9 @@ def test_core_and_recipe_defaults_equal_verl_0_9_1():
         assert getattr(core, ours) == VERL_0_9_1[theirs], ours
         assert getattr(recipe, ours) == VERL_0_9_1[theirs], ours
     assert DPPO_TIS_CAP == VERL_0_9_1["clip_ratio_c"]
+    from workbench.algorithms.policy_losses import DPPO_CAP
+
+    assert f"none = {DPPO_TIS_CAP:g}, verl's default" in DPPO_CAP.help  # the knob's text says the core's cap
 
 
 def test_kl_cov_preset_uses_verl_0_9_1_defaults():

@@ -43,8 +43,9 @@ def test_an_empty_heatmap_row_says_why():
     f = frame()
     why = empty_rows(f, 1, "cos_run", "before")
     assert list(why) == ["grpo_passk"]
-    assert why["grpo_passk"].startswith("its gradient is 0 on this batch: every advantage it gave is 0 "
-                                        "(grpo_passk: Ties for the best give 0")
+    assert why["grpo_passk"] == ("its gradient is 0 on this batch: every advantage it gave is 0, and no other term "
+                                 "of the run's objective moves the weights here, so there is no direction to take a "
+                                 "cosine of")
     assert empty_rows(f, 1, "grad_norm", "before") == {}  # a 0 norm is a value, not a blank
     f.loc[f["advantage"] == "opo", "cos_update"] = math.nan
     assert empty_rows(f, 0, "cos_update")["opo"].startswith("the step made no update")

@@ -18,11 +18,11 @@ from typing import Any, Callable, Mapping
 from . import advantages, aggregations, kl_estimators, policy_losses, shapings
 from .advantages import GPG_ALPHAS, GRPO_SCALES
 from .kl_estimators import KL_PLACEMENTS
-from .policy_losses import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS
+from .policy_losses import CISPO_BOUNDS, DPPO_TIS_CAP, GSPO_VARIANTS, REINFORCE_FORMS
 from .shapings import DISTILL_MODES
 from .spec import MAX_COEF, MAX_SEED, InertRule, Knob, RecipeData, Spec, Walkthrough, setting
 
-__all__ = ["CISPO_BOUNDS", "DISTILL_MODES", "FAMILIES", "GPG_ALPHAS", "GRPO_SCALES", "GSPO_VARIANTS", "KL_PLACEMENTS",
+__all__ = ["CISPO_BOUNDS", "DISTILL_MODES", "DPPO_TIS_CAP", "FAMILIES", "GPG_ALPHAS", "GRPO_SCALES", "GSPO_VARIANTS", "KL_PLACEMENTS",
            "MAX_COEF", "MAX_SEED", "REINFORCE_FORMS", "Family", "Knob", "Spec", "Walkthrough", "choice_help", "inert_knobs",
            "names", "resolve", "spec", "walkthroughs", "with_capability"]
 

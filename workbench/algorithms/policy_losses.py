@@ -13,6 +13,12 @@ CORE = "workbench.core.policy_losses"
 
 GSPO_VARIANTS: tuple[str, ...] = ("sequence", "token")
 CISPO_BOUNDS: tuple[str, ...] = ("relative", "absolute")
+# DPPO's cap C of the detached ratio when clip_c is unset. verl's compute_policy_loss_dppo_* read
+# config.get("clip_ratio_c", 20.0), but ActorConfig always holds the key, so a verl run that leaves
+# it unset truncates at 3.0; the 20.0 fallback is reached only by a config without the field. The
+# DPPO paper (Sec. 5.4) recommends a large cap, since truncation biases the gradient: set clip_c
+# (the dppo preset uses 1e4, as verl's example).
+DPPO_TIS_CAP = 3.0
 REINFORCE_FORMS: tuple[str, ...] = ("logp", "ratio")
 
 # Each bound is far outside what the maths is used with, and inside what it survives (1e300 is
@@ -86,8 +92,9 @@ GMPO_KNOBS = (
 )
 # DPPO (TV and KL): thresholds on the probability's move, and the cap C of the detached ratio.
 DPPO_CAP = _reads_as(K["clip_c"], "DPPO: the cap C of the detached ratio, sg(min(rho, C)), that weights each valid "
-                     "token's gradient (truncated IS, verl clip_ratio_c); none = 3, verl's default; the dppo preset's "
-                     "1e4 = no truncation. It clips no ratio and no loss.")
+                     f"token's gradient (truncated IS, verl clip_ratio_c); none = {DPPO_TIS_CAP:g}, verl's default; the "
+                     "dppo preset's 1e4 = no truncation. It only caps that weight: which tokens get a gradient is "
+                     "decided by eps_low / eps_high, never by C.")
 DPPO_TV_KNOBS = (
     _reads_as(K["eps_low"], "DPPO (TV): how far an A <= 0 token's probability may fall, p - p_old >= -eps_low; past "
               "it the token gets no gradient (a bound on the probability difference, not the ratio; paper 0.15)."),

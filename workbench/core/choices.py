@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from workbench.algorithms import (  # noqa: F401 (re-exported: the core and the recipe read them here)
     CISPO_BOUNDS,
     DISTILL_MODES,
+    DPPO_TIS_CAP,
     GPG_ALPHAS,
     GRPO_SCALES,
     GSPO_VARIANTS,

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .choices import CISPO_BOUNDS, GSPO_VARIANTS, REINFORCE_FORMS, PolicyLossConfig  # noqa: F401 (no torch: the recipe reads them)
+from .choices import CISPO_BOUNDS, DPPO_TIS_CAP, GSPO_VARIANTS, REINFORCE_FORMS, PolicyLossConfig  # noqa: F401 (no torch: the recipe reads them)
 from .masked import masked_mean, masked_sum, zero_padding
 from .registry import Registry
 from .shapes import check_2d, check_like
@@ -33,13 +33,9 @@ LOG_RATIO_CLAMP = 20.0
 # s_i is a geometric mean, so e^10 is already far outside any trust region and beyond it the
 # token gets no gradient; below, exp cannot overflow and needs no bound.
 GSPO_LOG_RATIO_MAX = 10.0
-# DPPO truncates its detached ratio at clip_c; unset, at verl 0.9.1's default clip_ratio_c, 3.0
-# (ActorConfig.clip_ratio_c and actor.yaml, shared with dual-clip PPO). verl's
-# compute_policy_loss_dppo_* read config.get("clip_ratio_c", 20.0), but ActorConfig always holds
-# the key, so a verl run that leaves it unset truncates at 3.0; the 20.0 fallback is reached only
-# by a config without the field. The DPPO paper (Sec. 5.4) recommends a large cap, since truncation
-# biases the gradient: set clip_c (the dppo preset uses 1e4, as verl's example).
-DPPO_TIS_CAP = 3.0
+# DPPO truncates its detached ratio at clip_c; unset, at DPPO_TIS_CAP = verl 0.9.1's default
+# clip_ratio_c, 3.0 (ActorConfig.clip_ratio_c and actor.yaml, shared with dual-clip PPO; why 3.0
+# and not verl's 20.0 fallback: algorithms/policy_losses.py).
 # DPPO-KL's binary KL adds 1e-8 inside log((1 - p_old) / (1 - p)) (verl), so p -> 1 stays finite.
 DPPO_KL_EPS = 1e-8
 

@@ -9,7 +9,6 @@ from typing import Iterable, Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.algorithms import FAMILIES
 
 LENS_METRICS = {
     "cos_update": "cosine with the update actually taken",
@@ -94,10 +93,9 @@ def lens_heatmap(frame: pd.DataFrame, step: int, metric: str = "cos_run", point:
 def _zero_gradient(rows: pd.DataFrame, metric: str) -> str | None:
     if metric == "grad_norm" or not (rows["grad_norm"] == 0).all():
         return None
-    spec = FAMILIES["advantage"].specs.get(str(rows["advantage"].iloc[0]).split(" ")[0])
-    notes = f" ({spec.name}: {spec.notes[0]})" if spec is not None and spec.notes else ""
-    return ("its gradient is 0 on this batch: every advantage it gave is 0" + notes + ", and no other term of the "
-            "run's objective moves the weights here, so there is no direction to take a cosine of")
+    # the estimator's own notes are not quoted: its first note need not be why its advantages are 0
+    return ("its gradient is 0 on this batch: every advantage it gave is 0, and no other term of the run's "
+            "objective moves the weights here, so there is no direction to take a cosine of")
 
 
 # Why a heatmap row can be empty, the first that applies: (rows of one estimator, metric) -> reason or None.
