@@ -173,12 +173,16 @@ def test_adaptive_kl_refuses_degenerate_settings(kwargs):
         adaptive_kl_coef(0.1, 0.1, 1, **kwargs)
 
 
-def test_adaptive_kl_coef_never_turns_negative_and_refuses_a_non_finite_kl():
+def test_adaptive_kl_coef_never_reaches_zero_and_refuses_a_non_finite_kl():
     from workbench.core.kl import adaptive_kl_coef
 
-    # verl: 0.1 * (1 + (-0.2) * 100 / 10) = -0.1, a reward for drifting; here the floor is 0
-    assert adaptive_kl_coef(0.1, 0.0, 100, target_kl=0.1, horizon=10) == 0.0
-    assert adaptive_kl_coef(0.1, 0.0, 1, target_kl=0.1, horizon=10) == 0.1 * (1.0 + (-0.2) * 1 / 10)  # verl's, above the floor
+    # verl: 0.1 * (1 + (-0.2) * 100 / 10) = -0.1, a reward for drifting; a floor at 0 (this
+    # function's previous answer) is as bad: 0 times anything stays 0, the KL term gone for good
+    for n_steps in (50, 100):
+        with pytest.raises(ValueError, match=f"n_steps / horizon = {n_steps}/10 must be < 5"):
+            adaptive_kl_coef(0.1, 0.0, n_steps, target_kl=0.1, horizon=10)
+    assert adaptive_kl_coef(0.1, 0.0, 1, target_kl=0.1, horizon=10) == 0.1 * (1.0 + (-0.2) * 1 / 10)  # verl's
+    assert adaptive_kl_coef(0.1, 0.0, 49, target_kl=0.1, horizon=10) == pytest.approx(0.1 * 0.02)  # just inside: > 0
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="current_kl=.* is not finite"):
             adaptive_kl_coef(0.1, bad, 1, target_kl=0.1, horizon=10)

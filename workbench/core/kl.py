@@ -121,7 +121,10 @@ def adaptive_kl_coef(value: float, current_kl: float, n_steps: int, *, target_kl
         raise ValueError(f"horizon={horizon} must be > 0")
     if not math.isfinite(current_kl):
         raise ValueError(f"current_kl={current_kl} is not finite: the coefficient would stay {current_kl} for good")
+    # verl multiplies without a check: with n_steps / horizon >= 1 / 0.2 = 5 a KL below target makes
+    # beta <= 0 (a reward for drifting away), and a multiplicative controller never leaves 0 again
+    if not n_steps / horizon < 1.0 / ADAPTIVE_KL_ERROR_CLIP:
+        raise ValueError(f"n_steps / horizon = {n_steps}/{horizon} must be < {1.0 / ADAPTIVE_KL_ERROR_CLIP:g}: one update "
+                         "with the KL below target would take the coefficient to 0 (verl: below 0) for good; raise horizon")
     error = min(max(current_kl / target_kl - 1.0, -ADAPTIVE_KL_ERROR_CLIP), ADAPTIVE_KL_ERROR_CLIP)
-    # verl multiplies without a floor: with n_steps / horizon >= 5 a KL below target makes beta
-    # negative (a reward for drifting away); beta stays >= 0 here.
-    return value * max(0.0, 1.0 + error * n_steps / horizon)
+    return value * (1.0 + error * n_steps / horizon)
