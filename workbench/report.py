@@ -231,9 +231,9 @@ def report_html(store, group: str, *, metric: str | None = None, window: float =
     RunError naming the group when it has no runs or the metric when no run logged it; ValueError
     naming the window when it is not in (0, 1]."""
     from workbench.analysis import default_metric
-    from workbench.runs.cli import _group_arms, check_logged  # compare's wording of a bad group / metric
+    from workbench.runs.cli import check_logged, group_arms  # compare's wording of a bad group / metric
 
-    arms = _group_arms(store, group)
+    arms = group_arms(store, group)
     runs = [r for rs in arms.values() for r in rs]
     frame = store.arm_metrics([r.id for r in runs])
     metric = metric or default_metric(frame)

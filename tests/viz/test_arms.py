@@ -76,6 +76,8 @@ def test_verdict_shapes_the_statistics_for_display():
     assert pair["A − B"] == pytest.approx(-1.0) and pair["P(A > B)"] == 0.0
     assert pair["verdict"] == "b > a: the interval excludes 0"
     assert result.window == "last 34% of each run's logged steps: 2 steps (steps 1-2)"
+    # a window under 0.5% read "last 0%" (a whole percent); it says its share as given
+    assert verdict(long_frame(), "reward", window_frac=0.004).window.startswith("last 0.4% of each run's logged steps: 1 step")
     with pytest.raises(ValueError, match="metric='kl': no run of this selection logged it yet"):
         verdict(long_frame().assign(kl=np.nan), "kl")
 

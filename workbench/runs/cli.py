@@ -137,7 +137,7 @@ def _warn_duplicate_seeds(store) -> None:
               file=sys.stderr)
 
 
-def _group_arms(store, group: str | None) -> dict:
+def group_arms(store, group: str | None) -> dict:
     """The group's arms (``RunStore.arms``); RunError naming the groups there are if it has none."""
     from workbench.runs import RunError
 
@@ -152,7 +152,7 @@ def _group_arms(store, group: str | None) -> dict:
 
 def _list_arms(store, group: str | None) -> int:
     """Per arm: its seeds, then one line per run (id, seed, status, progress, last reward)."""
-    for arm, runs in _group_arms(store, group).items():
+    for arm, runs in group_arms(store, group).items():
         seeds = ", ".join(str(r.seed) for r in runs)
         print(f"{arm}  ({len(runs)} run{'s' if len(runs) != 1 else ''}; seeds {seeds})")
         for r in runs:
@@ -180,7 +180,7 @@ def _cmd_compare(args) -> int:
 
     store = _open_store()
     _sync_before_reading(store)
-    arms = _group_arms(store, args.group)
+    arms = group_arms(store, args.group)
     frame = store.arm_metrics([r.id for runs in arms.values() for r in runs])
     metric = check_logged(frame, args.metric or default_metric(frame), args.group)
     scores = final_window_scores(frame, metric, args.window)

@@ -29,6 +29,7 @@ from workbench.report import SWEEP_CAPTION, arm_sweeps, report_html
 from workbench.runs.names import slug
 from workbench.viz.arms import arm_colours, arm_figures, sweep_figures
 from workbench.viz.export_figure import FORMATS, figure_bytes, file_name
+from workbench.viz.tables import CONFIDENCE
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
                                   drawn_metrics, final_metrics_table, has_data, legend_html, line_styles, logged_metrics, progress,
                                   resolve_panel, run_colours, step_label)
@@ -38,7 +39,6 @@ CHARTS_EVERY_S = 5.0
 COLUMNS = 2
 VIEWS = ("per run", "arms")
 MAX_ALL_PAIRS = 4  # arms up to which the verdict compares every pair by default
-BAND_CHOICES = {"ci": "95% CI of the mean", "se": "±1 SE", "minmax": "min-max over seeds"}  # BANDS keys -> labels
 
 
 def _open_requested(runs, groups: list[str]) -> None:
@@ -98,10 +98,10 @@ def _controls(ids: list[str], runs) -> dict:
     cols = st.columns([2, 1, 3])
     view = cols[0].radio("View", VIEWS, index=VIEWS.index("arms" if replicated else "per run"), horizontal=True,
                          key="compare_view", help="per run: one curve per run. arms: per arm (a recipe minus its "
-                         "seed) the mean over its seeds with a 95% confidence band, and the verdict table.")
+                         "seed) the mean over its seeds with the band chosen beside, and the verdict table.")
     seeds = cols[1].toggle("Show seeds", key="compare_seeds", disabled=view != "arms",
                            help="Each seed of an arm as a faint line behind its mean.")
-    band = cols[2].radio("Band", list(BANDS), format_func=BAND_CHOICES.get, horizontal=True, key="compare_band",
+    band = cols[2].radio("Band", list(BANDS), format_func=lambda b: BANDS[b].label(CONFIDENCE), horizontal=True, key="compare_band",
                          disabled=view != "arms",
                          help="Around each arm's mean over seeds: the 95% Student-t interval of the mean (wide with "
                          "2-3 seeds), +-1 standard error, or the range the seeds covered. Clipped to the metric's "

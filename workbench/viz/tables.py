@@ -109,7 +109,7 @@ def _window_text(scores: pd.DataFrame, window_frac: float) -> str:
     steps = f"{k[0]} step{'s' * (k[0] != 1)}" if len(k) == 1 else f"{k[0]}-{k[-1]} steps"
     bounds = (f" (steps {scores['first_step'].iloc[0]}-{scores['last_step'].iloc[0]})"
               if scores["first_step"].nunique() == 1 and scores["last_step"].nunique() == 1 else "")
-    return f"last {window_frac:.0%} of each run's logged steps: {steps}{bounds}"
+    return f"last {window_frac * 100:.3g}% of each run's logged steps: {steps}{bounds}"
 
 
 def verdict(frame: pd.DataFrame, metric: str, window_frac: float = DEFAULT_WINDOW_FRAC, *, baseline: str | None = None) -> Verdict:
