@@ -180,23 +180,36 @@ def test_gradient_accumulation_equals_full_batch(wb_home, few_problems, tmp_path
     """1 x B and 4 x B/4 micro-batches give the same gradient (TRL #3021 / verl #5625). The plain
     forward: the shared-prefix one groups a micro-batch's rows by prompt, so 1 x B and 4 x B/4
     round differently (~3e-6 here); its equality with the plain forward is tests/engine/test_forward_prefix.py's."""
-    grads = []
-    for accum in (1, 4):
-        recipe = load_recipe("grpo", [f"dataset={few_problems}", f"train.grad_accum={accum}", f"algorithm.aggregation={aggregation}",
-                                      "train.mu=2", "train.shared_prefix=false"])
-        t = Trainer(recipe, tmp_path / f"acc{accum}")
-        t.setup()
-        rows, out = t.rollout(0)
-        # completions of every length 1..T, so per-sequence and per-token normalisers differ
-        B, T = out.completion_mask.shape
-        out.completion_mask = (torch.arange(T)[None] < 1 + torch.arange(B)[:, None] % T).float()
-        rewards = torch.linspace(0.0, 1.0, B)
-        batch, _ = t.prepare_batch(out, rewards)
-        last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.zeros_like(batch.completion_mask, dtype=torch.long),
-                "zero_grad": torch.zeros_like(batch.completion_mask, dtype=torch.bool)}
-        list(t.accumulate_gradients(batch, torch.arange(out.completion_mask.shape[0]), last))
-        grads.append(torch.cat([p.grad.flatten() for p in t.policy.parameters()]))
+    grads = [_accumulated_gradient(load_recipe("grpo", [f"dataset={few_problems}", f"train.grad_accum={accum}",
+                                                        f"algorithm.aggregation={aggregation}", "train.mu=2",
+                                                        "train.shared_prefix=false"]), tmp_path / f"acc{accum}")
+             for accum in (1, 4)]
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+
+
+def _accumulated_gradient(recipe, run_dir) -> torch.Tensor:
+    """The policy's gradient of one full pass over a step-0 batch with completions of every length."""
+    t = Trainer(recipe, run_dir)
+    t.setup()
+    rows, out = t.rollout(0)
+    B, T = out.completion_mask.shape
+    out.completion_mask = (torch.arange(T)[None] < 1 + torch.arange(B)[:, None] % T).float()
+    batch, _ = t.prepare_batch(out, torch.linspace(0.0, 1.0, B))
+    last = {"ratio": torch.ones_like(batch.completion_mask), "region": torch.zeros_like(batch.completion_mask, dtype=torch.long),
+            "zero_grad": torch.zeros_like(batch.completion_mask, dtype=torch.bool)}
+    list(t.accumulate_gradients(batch, torch.arange(B), last))
+    return torch.cat([p.grad.flatten() for p in t.policy.parameters()])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum-norm"])
+def test_the_shared_prefix_forward_accumulates_the_plain_forwards_gradient(wb_home, few_problems, tmp_path, aggregation):
+    """Micro-batches (grad_accum = 4) through the shared-prefix forward give the plain forward's
+    full-batch gradient up to float rounding: each micro-batch groups its own rows by prompt."""
+    base = [f"dataset={few_problems}", f"algorithm.aggregation={aggregation}", "train.mu=2"]
+    plain = _accumulated_gradient(load_recipe("grpo", [*base, "train.grad_accum=1", "train.shared_prefix=false"]), tmp_path / "plain")
+    shared = _accumulated_gradient(load_recipe("grpo", [*base, "train.grad_accum=4", "train.shared_prefix=true"]), tmp_path / "shared")
+    assert float(plain.abs().max()) > 0
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-4)
 
 
 def test_kl_uses_the_trainers_log_probs_not_the_rollout_engines(wb_home, few_problems, tmp_path):
