@@ -69,7 +69,10 @@ def _selection(runs) -> list[str]:
         group = st.selectbox("Comparison group", names, index=names.index(wanted) if wanted in names else 0,
                              key="compare_group_select")
         return runs.loc[runs["group"] == group, "id"].tolist()[::-1]  # launch order
-    default = [r for r in st.session_state.get("compare_runs", []) if r in set(runs["id"])] or runs["id"].tolist()[:1]
+    # a default only while the widget has no state: beside a value set through session state (a
+    # link's runs) the default is ignored and Streamlit logs a warning saying so
+    default = None if "compare_pick" in st.session_state else (
+        [r for r in st.session_state.get("compare_runs", []) if r in set(runs["id"])] or runs["id"].tolist()[:1])
     return st.multiselect("Runs", runs["id"].tolist(), default=default, format_func=run_option(runs), key="compare_pick")
 
 
