@@ -39,8 +39,10 @@ def sign_in_button(at):
     return next(b for b in at.button if b.label == "Sign in")
 
 
-def test_password_gates_launch_until_signed_in(home, monkeypatch):
+def test_password_gates_launch_until_signed_in(home, monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
+    # a machine without SLURM's client commands (the SLURM tests install them on this one)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert at.button(key="launch_go").disabled and at.button(key="quick_compare").disabled
     assert "A workbench password is set" in " ".join(c.value for c in at.sidebar.caption)
