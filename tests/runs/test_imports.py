@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.test_cli import assert_one_line_error, cli, leftovers
+from tests.test_cli import cli, leftovers
 from workbench.runs import Principal, RunStore, local_principal
 from workbench.runs.authz import PermissionDenied
 from workbench.runs.imports import LogError, import_run, read_log, trl_names
@@ -111,22 +111,23 @@ def _float32(value):
 # ---- TRL: trainer_state.json and TensorBoard events, as GRPOTrainer wrote them ----------------------
 
 
-def test_trl_trainer_state_is_imported_step_for_step(trl_outputs, home):
-    out = trl_outputs[1]
-    args = tmp_args = out / "args.json"
-    history = _history(out)
-    # the training arguments as TRL's own to_json_string() writes them (what --config reads)
+def test_trl_trainer_state_is_imported_step_for_step(trl_outputs, home, tmp_path, capsys):
     from tensorboard.backend.event_processing import event_accumulator as ea
     from tensorboard.util import tensor_util
 
-    events = next((out / "runs").iterdir())
-    acc = ea.EventAccumulator(str(events), size_guidance={ea.TENSORS: 0})
+    out = trl_outputs[1]
+    history = _history(out)
+    # the training arguments as the run wrote them (transformers' args.to_json_string(), TensorBoard's
+    # args text): what --config reads beside a trainer_state.json
+    acc = ea.EventAccumulator(str(next((out / "runs").iterdir())), size_guidance={ea.TENSORS: 0})
     acc.Reload()
-    tmp_args.write_text(tensor_util.make_ndarray(acc.Tensors("args/text_summary")[0].tensor_proto).item().decode())
+    args = tmp_path / "args.json"
+    args.write_text(tensor_util.make_ndarray(acc.Tensors("args/text_summary")[0].tensor_proto).item().decode())
 
     res = cli(home, "import", str(out / "trainer_state.json"), "--config", str(args), "--group", "g", "--arm", "trl-dapo")
     assert res.returncode == 0, res.stderr
     run_id = res.stdout.strip()
+    assert res.stderr.startswith(f"warning: {run_id}: recipe: recovered from --config")  # what it could not recover
     store = RunStore(home / "runs.db")
     run = store.get_run(run_id)
     expected = _expected(history)
@@ -152,9 +153,11 @@ def test_trl_trainer_state_is_imported_step_for_step(trl_outputs, home):
     assert times[1] - times[0] == pytest.approx(trained[1]["step_time"], abs=1e-6)
     assert (home / "runs").exists() is False or not any((home / "runs").iterdir())  # no run dir: nothing copied
 
-    # the same log again: refused, naming the run; nothing added
-    again = cli(home, "import", str(out / "trainer_state.json"), "--group", "other", "--seed", "1")
-    assert_one_line_error(again, f"already imported as run {run_id}", "runs delete")
+    # the same log again (without its arguments, elsewhere): refused, naming the run; nothing added
+    from workbench.cli import main
+
+    assert main(["import", str(out / "trainer_state.json"), "--group", "other", "--seed", "1"]) == 2
+    assert f"already imported as run {run_id} (group 'g', arm 'trl-dapo', seed 1)" in capsys.readouterr().err
     assert [r.id for r in store.runs()] == [run_id]
 
 
@@ -194,8 +197,9 @@ def _workbench_run(store: RunStore, home: Path, group: str, seed: int) -> str:
     return run_id
 
 
-def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(trl_outputs, home, tiny_model_dir):
+def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(trl_outputs, home, tiny_model_dir, capsys):
     from tests.helpers import home_with_tiny_model
+    from workbench.cli import main
 
     home_with_tiny_model(home, tiny_model_dir)
     store = RunStore(home / "runs.db")
@@ -208,15 +212,15 @@ def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(tr
     assert set(frame["arm"]) == {"trl-dapo", "grpo"} and frame.groupby("arm")["step"].max().to_dict() == {
         "trl-dapo": STEPS - 1, "grpo": STEPS - 1}
     # the verdict table, as `compare` prints it: both arms scored over their seeds, and their pair
-    res = cli(home, "compare", "mixed", "--window", "0.5")
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
+    assert main(["compare", "mixed", "--window", "0.5"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     assert lines[0].startswith("reward: mean over the last 0.5")
     assert any(line.split()[:2] == ["trl-dapo", "2"] for line in lines) and any(line.split()[:2] == ["grpo", "2"] for line in lines)
     pair = [line for line in lines if line.split()[:2] in (["trl-dapo", "grpo"], ["grpo", "trl-dapo"])]
-    assert len(pair) == 1, res.stdout
-    res = cli(home, "compare", "mixed", "--metric", "entropy")  # a mapped name both log
-    assert res.returncode == 0 and "entropy: mean" in res.stdout, res.stderr
+    assert len(pair) == 1, out
+    assert main(["compare", "mixed", "--metric", "entropy"]) == 0  # a mapped name both log
+    assert capsys.readouterr().out.startswith("entropy: mean")
 
 
 # ---- verl: its file logger's JSONL and its console lines, written by hand in verl's format -------------
@@ -380,9 +384,12 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_stored(tmp_path, home, caps
         assert leftovers(home) == [], argv
 
 
-def test_a_seed_other_than_the_one_trained_with_is_refused(trl_outputs, home):
-    res = cli(home, "import", str(trl_outputs[1] / "runs"), "--seed", "5")
-    assert_one_line_error(res, "--seed=5 differs from the seed the run trained with (seed=1")
+def test_a_seed_other_than_the_one_trained_with_is_refused(trl_outputs, home, capsys):
+    from workbench.cli import main
+
+    assert main(["import", str(trl_outputs[1] / "runs"), "--seed", "5"]) == 2
+    assert capsys.readouterr().err == ("error: --seed=5 differs from the seed the run trained with (seed=1 in its "
+                                       "arguments); the seed of a run is its own: leave --seed out\n")
     assert leftovers(home) == []
 
 
@@ -398,3 +405,21 @@ def test_a_failed_write_leaves_no_half_imported_run(verl_logs, home, monkeypatch
     assert store.runs() == [] and store.metrics(["x"]).empty
     with sqlite3.connect(home / "runs.db") as db:
         assert db.execute("SELECT COUNT(*) FROM metrics").fetchone() == (0,)
+
+
+def test_logging_every_few_steps_keeps_steps_times_and_the_runs_length(tmp_path):
+    """logging_steps=2, an evaluation at step 2, a state saved at step 4 of 10 (a checkpoint's):
+    training rows at 1 and 3, the held-out row at 2; TRL's step_time is a per-step mean over the
+    window, so the wall time advances by it x 2 steps; the run is 10 steps long, the log says so."""
+    state = {"max_steps": 10, "log_history": [
+        {"reward": 0.25, "step_time": 1.0, "learning_rate": 1e-3, "epoch": 0.5, "step": 2},
+        {"eval_reward": 0.5, "eval_runtime": 0.1, "epoch": 0.5, "step": 2},
+        {"reward": 0.75, "step_time": 3.0, "learning_rate": 1e-3, "epoch": 1.0, "step": 4}]}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    run = read_log(tmp_path / "trainer_state.json")
+    assert run.rows == {1: {"reward": 0.25, "perf/step_time": 1.0, "lr": 1e-3, "epoch": 0.5},
+                        2: {"eval_reward": 0.5, "eval_runtime": 0.1},  # its entry's epoch is a training figure
+                        3: {"reward": 0.75, "perf/step_time": 3.0, "lr": 1e-3, "epoch": 1.0}}
+    base = run.times[1] - 2.0
+    assert (run.times[2] - base, run.times[3] - base) == (2.0, 8.0)
+    assert run.total_steps == 10 and "the log ends at step 4 of 10" in " ".join(run.warnings)

@@ -47,6 +47,10 @@ perf/step_time                     step_time                    perf/time_per_st
 cispo/clip_ratio                   cispo_clip_ratio             (kept)
 =================================  ===========================  ===============================================
 
+verl averages its per-token figures (entropy, clip fractions, KL) with the run's ``loss_agg_mode``
+and over micro-batches: under ``token-mean`` they are TRL's token means, under a ``seq-mean-*`` mode
+sequence means.
+
 TRL's ``loss`` is the step's whole objective (policy term + beta x KL - entropy bonus) and its
 ``policy_loss`` (logged only with an entropy bonus) includes beta x KL, while the workbench's
 ``loss/policy`` is the policy term alone: they are mapped only when the training arguments say
@@ -630,13 +634,17 @@ class ImportedRun:
 
 
 def _cumulative(rows: dict[int, dict[str, float]], name: str, base: float) -> dict[int, float] | None:
-    """Times from a per-step duration logged at every step (TRL step_time, verl timing_s/step):
-    base + the running sum; None where a step lacks it."""
-    if not rows or any(name not in r for r in rows.values()):
+    """Times from a per-step duration (TRL ``step_time``, verl ``timing_s/step``; a mean over the
+    steps since the row before when logged every few steps): ``base`` + the steps' summed
+    durations; a row without it (held-out metrics only) at the time of the row before. None when
+    no row has it."""
+    if not any(name in r for r in rows.values()):
         return None
-    total, out = 0.0, {}
+    total, previous, out = 0.0, -1, {}
     for step in sorted(rows):
-        total += float(rows[step][name])
+        if name in rows[step]:
+            total += float(rows[step][name]) * (step - previous)
+            previous = step
         out[step] = base + total
     return out
 
@@ -671,7 +679,7 @@ def convert(log: SourceLog, fmt: str, config: Mapping[str, Any] | None, config_o
     times = source_times if len(source_times) == len(rows) else _cumulative(rows, duration, now)
     if times is None:
         times = dict.fromkeys(rows, now)
-        warnings.append(f"the log has no times (nor {duration} at every step): every step is stamped with the "
+        warnings.append(f"the log has no times (nor {duration}): every step is stamped with the "
                         "import's time, so this run's wall-time axis is flat")
     recipe, algorithm = RECIPES[log.framework](config) if config is not None else ({}, LABELS[log.framework])
     last = max(rows)
