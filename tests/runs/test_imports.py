@@ -197,7 +197,8 @@ def _workbench_run(store: RunStore, home: Path, group: str, seed: int) -> str:
     return run_id
 
 
-def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(trl_outputs, home, tiny_model_dir, capsys):
+def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(trl_outputs, home, tiny_model_dir, capsys,
+                                                                              monkeypatch):
     from tests.helpers import home_with_tiny_model
     from workbench.cli import main
 
@@ -221,6 +222,27 @@ def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(tr
     assert len(pair) == 1, out
     assert main(["compare", "mixed", "--metric", "entropy"]) == 0  # a mapped name both log
     assert capsys.readouterr().out.startswith("entropy: mean")
+
+    # the app's Live / Compare page: the group opens on the arms view, both arms drawn and scored
+    from streamlit import config
+
+    from tests.ui.conftest import page
+
+    monkeypatch.delenv("WORKBENCH_PASSWORD", raising=False)
+    address = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")  # as `make app` serves it (tests/ui/conftest.py)
+    try:
+        at = page("compare_page").run()
+    finally:
+        config.set_option("server.address", address)
+    assert not at.exception
+    assert at.radio(key="compare_view").value == "arms"
+    reward = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    reward = next(spec for spec in reward if spec["layout"]["title"]["text"] == "Reward (batch mean)")
+    assert {"trl-dapo", "grpo"} <= {trace.get("name") for trace in reward["data"]}
+    per_arm = at.dataframe[0].value
+    assert sorted(per_arm["arm"]) == ["grpo", "trl-dapo"] and per_arm["seeds"].tolist() == [2, 2]
+
 
 
 # ---- verl: its file logger's JSONL and its console lines, written by hand in verl's format -------------
