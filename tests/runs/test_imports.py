@@ -217,7 +217,8 @@ def test_imported_seeds_form_an_arm_beside_workbench_runs_in_arms_and_compare(tr
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("reward: mean over the last 0.5")
-    assert any(line.split()[:2] == ["trl-dapo", "2"] for line in lines) and any(line.split()[:2] == ["grpo", "2"] for line in lines)
+    arm_rows = [line.split()[:2] for line in lines]
+    assert ["trl-dapo", "2"] in arm_rows and ["grpo", "2"] in arm_rows  # arm, seeds
     pair = [line for line in lines if line.split()[:2] in (["trl-dapo", "grpo"], ["grpo", "trl-dapo"])]
     assert len(pair) == 1, out
     assert main(["compare", "mixed", "--metric", "entropy"]) == 0  # a mapped name both log
@@ -322,7 +323,8 @@ def test_verl_logs_are_imported_with_trl_names(verl_logs, home, kind, fmt):
     assert (run.seed, run.status, run.algorithm, run.total_steps, run.last_step) == (7, "finished", "grpo (verl)", 2, 1)
     assert run.reward == 0.375  # critic/score/mean of verl step 2 (stored at 1)
     recipe = yaml.safe_load(run.recipe)
-    assert recipe["algorithm"] == {"advantage": "grpo", "grpo_scale": "group", "policy_loss": "clip", "aggregation": "token-mean",
+    assert recipe["algorithm"] == {"advantage": "grpo", "grpo_scale": "group", "policy_loss": "clip",
+                                   "aggregation": "token-mean",
                                    "eps_low": 0.2, "eps_high": 0.28, "clip_c": 3.0, "entropy_coef": 0, "kl_coef": 0.001,
                                    "kl_estimator": "k3", "kl_placement": "in_loss"}
     assert recipe["sampling"] == {"num_generations": 8, "prompts_per_step": 128, "max_completion_length": 512,
@@ -374,7 +376,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], list[str]]]:
         (["import", str(tmp / "nope.json"), "--seed", "0"], ["nope.json does not exist"]),
         (["import", write("trainer_state.json", "{not json"), "--seed", "0"], ["trainer_state.json is not JSON", "line 1"]),
         (["import", write("empty_state.json", json.dumps({"log_history": []})), "--seed", "0"],
-         ["has no logged step", "nothing to import"]),
+         ["empty_state.json (trl-state) has no logged step", "nothing to import"]),
         (["import", write("notes.txt", "hello\n"), "--seed", "0"], ["format not recognised", "tensorboard", "verl-console"]),
         (["import", write("x.jsonl", "{}\n"), "--format", "csv", "--seed", "0"], ["format='csv' is not allowed", "trl-state"]),
         (["import", write("nan_state.json", json.dumps(nan_state)), "--seed", "0"],

@@ -17,11 +17,15 @@ Formats (``FORMATS``, a registry keyed by name; ``--format`` picks one, else the
   writes it (``0.25``, ``np.float64(0.25)`` under numpy 2); other lines (Ray's, the config dump)
   are skipped, a Ray prefix such as ``(TaskRunner pid=1)`` is allowed.
 
-Names (``DIALECTS``): each framework's names are mapped to the workbench's, which are TRL's where
-TRL logs the same quantity; a name with no counterpart is kept as the framework wrote it.
+Names (``TRL_NAMES``, ``VERL_NAMES``): each framework's names are mapped to the workbench's, which
+are TRL's where TRL logs the same quantity; a name with no counterpart is kept as the framework
+wrote it. Read from trl 1.16.0's ``GRPOTrainer`` (installed here) and from verl's sources at
+volcengine/verl b178a3c (0.8.0.dev, January 2026: ``verl/trainer/ppo/metric_utils.py``,
+``verl/workers/actor/dp_actor.py``, ``verl/trainer/ppo/core_algos.py``, ``verl/utils/tracking.py``;
+the newest verl the sources available here held, 0.9.x's were not among them).
 
 =================================  ===========================  ===============================================
-workbench                          TRL 1.16 GRPOTrainer         verl (0.8/0.9: metric_utils, dp_actor, core_algos)
+workbench                          TRL 1.16 GRPOTrainer         verl (metric_utils, dp_actor, core_algos)
 =================================  ===========================  ===============================================
 reward                             reward                       critic/score/mean (sequence score, before any
                                                                 in-reward KL penalty)
@@ -309,7 +313,8 @@ def read_verl_jsonl(path: Path) -> SourceLog:
                            '{"step": N, "data": {...}} object per line') from None
         if not isinstance(record, dict) or not isinstance(record.get("data"), dict):
             raise LogError(f'{where} is not a {{"step": N, "data": {{...}}}} object (verl file logger)')
-        entries.append(Logged(_step(record.get("step"), where), _numbers(record["data"], f"{where} (step {record.get('step')})")))
+        step = _step(record.get("step"), where)
+        entries.append(Logged(step, _numbers(record["data"], f"{where} (step {step})")))
     return SourceLog("verl", entries)
 
 
@@ -547,7 +552,8 @@ def verl_recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
             _set(recipe, target, value)
     actor = "actor_rollout_ref.actor"
     if _lookup(config, f"{actor}.use_kl_loss") is True:
-        coef, estimator, placement = _lookup(config, f"{actor}.kl_loss_coef"), _lookup(config, f"{actor}.kl_loss_type"), "in_loss"
+        coef, estimator, placement = (_lookup(config, f"{actor}.kl_loss_coef"), _lookup(config, f"{actor}.kl_loss_type"),
+                                      "in_loss")
     elif _lookup(config, "algorithm.use_kl_in_reward") is True:
         coef, estimator, placement = (_lookup(config, "algorithm.kl_ctrl.kl_coef"), _lookup(config, "algorithm.kl_penalty"),
                                       "in_reward")
@@ -567,6 +573,9 @@ def verl_recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 
 RECIPES: dict[str, Callable[[Mapping[str, Any]], tuple[dict[str, Any], str]]] = {"trl": trl_recipe, "verl": verl_recipe}
 LABELS = {"trl": "GRPOTrainer (TRL)", "verl": "verl"}
+# where each framework's training arguments are (what --config reads)
+CONFIG_FILES = {"trl": "TRL's args.to_json_string(), as JSON (training_args.bin is a pickle: not read)",
+                "verl": "the Hydra .hydra/config.yaml of the run"}
 # what a recipe of an imported run never has: the logs of both frameworks do not say it
 NEVER_RECOVERED = "model, task / dataset, reward functions"
 
@@ -650,9 +659,9 @@ def _cumulative(rows: dict[int, dict[str, float]], name: str, base: float) -> di
 
 
 def convert(log: SourceLog, fmt: str, config: Mapping[str, Any] | None, config_origin: str,
-            now: float | None = None) -> ImportedRun:
+            now: float | None = None, source: str = "the log") -> ImportedRun:
     """A ``SourceLog`` -> an ``ImportedRun`` (module docstring: names, steps, recipe). ``config``:
-    the training arguments (None: none found); LogError when the log has no step."""
+    the training arguments (None: none found); LogError naming ``source`` when it has no step."""
     now = time.time() if now is None else now
     warnings: list[str] = []
     if log.framework == "trl":
@@ -669,12 +678,13 @@ def convert(log: SourceLog, fmt: str, config: Mapping[str, Any] | None, config_o
             held_out = _is_eval(log.framework, name)
             if not held_out and entry.step < 1:
                 continue  # nothing trained yet at step 0: a training metric there is not from an update
-            stored = entry.step - 1 if not held_out else entry.step if last_trained is None else min(entry.step, last_trained)
+            stored = (entry.step - 1 if not held_out
+                      else entry.step if last_trained is None else min(entry.step, last_trained))
             rows.setdefault(stored, {})[names.get(name, name)] = value
             if entry.time is not None:
                 source_times[stored] = max(source_times.get(stored, 0.0), entry.time)
     if not rows:
-        raise LogError(f"the {fmt} log has no logged step with a number: nothing to import")
+        raise LogError(f"{source} ({fmt}) has no logged step with a number: nothing to import")
     duration = {"trl": "perf/step_time", "verl": "timing_s/step"}[log.framework]
     times = source_times if len(source_times) == len(rows) else _cumulative(rows, duration, now)
     if times is None:
@@ -690,8 +700,9 @@ def convert(log: SourceLog, fmt: str, config: Mapping[str, Any] | None, config_o
         warnings.append(f"the log ends at step {last + 1} of {total_steps} (a checkpoint's state, or a run stopped early)")
     seed = recipe.get("train", {}).pop("seed", None)
     if config is None:
-        warnings.append(f"recipe: no training arguments found ({'give --config: TRL args.to_json_string()' if log.framework == 'trl' else 'give --config: the Hydra .hydra/config.yaml'}); "
-                        f"only train.steps and train.seed are known")
+        where = CONFIG_FILES[log.framework]
+        warnings.append(f"recipe: no training arguments found (give --config: {where}); only train.steps and train.seed "
+                        "are known")
     else:
         warnings.append(f"recipe: recovered from {config_origin} (only the fields it gives); not in the log: "
                         f"{NEVER_RECOVERED}" + (", sampling.prompts_per_step (the world size is not logged)"
@@ -732,7 +743,7 @@ def read_log(path: str | Path, fmt: str | None = None, config: str | Path | None
     arguments, origin = log.config, log.config_origin
     if config is not None:
         arguments, origin = read_config(Path(config), log.framework), f"--config {config}"
-    return convert(log, fmt, arguments, origin)
+    return convert(log, fmt, arguments, origin, source=str(path))
 
 
 # ---- the service: an authorised import into a store ----------------------------------------------------
@@ -789,7 +800,8 @@ def import_run(path: str | Path, *, principal: Principal, fmt: str | None = None
     store = store or RunStore()
     store.check_writable()
     _refuse_reimport(store, run_id)
-    new = NewRun(run_id=run_id, name=name, algorithm=imported.algorithm, recipe_yaml=_recipe_yaml(imported, name, source, seed),
+    recipe_yaml = _recipe_yaml(imported, name, source, seed)
+    new = NewRun(run_id=run_id, name=name, algorithm=imported.algorithm, recipe_yaml=recipe_yaml,
                  total_steps=imported.total_steps, target=IMPORT_TARGET, launcher=IMPORT_TARGET, host="",
                  created_by=principal.owner, run_dir=str(confined_path(Path(RUNS_DIR) / run_id, field="run directory")),
                  group=group, tags=tags, notes=str(notes), arm=arm,
