@@ -153,6 +153,11 @@ def test_trl_trainer_state_is_imported_step_for_step(trl_outputs, home, tmp_path
     assert times[1] - times[0] == pytest.approx(trained[1]["step_time"], abs=1e-6)
     assert (home / "runs").exists() is False or not any((home / "runs").iterdir())  # no run dir: nothing copied
 
+    # without --config the arguments come from the TensorBoard run beside it in output_dir: the same recipe
+    beside = read_log(out / "trainer_state.json")
+    assert beside.recipe == read_log(out / "trainer_state.json", config=args).recipe
+    assert beside.config_origin == f"the TensorBoard args text in {out / 'runs'}"
+
     # the same log again (without its arguments, elsewhere): refused, naming the run; nothing added
     from workbench.cli import main
 

@@ -70,10 +70,12 @@ but the final evaluation (after the last update) on the last row, as the workben
 A step logged twice (a resumed run) keeps its last values.
 
 Recipe: only what the log or the training arguments say (``TRL_ARGS``, ``VERL_CONFIG``: the
-arguments come from TensorBoard's ``args`` text, or ``--config``: TRL's ``args.to_json_string()``,
-verl's Hydra ``.hydra/config.yaml``) is written into the run's recipe, under the workbench's
-field names; nothing is filled in from defaults, and what is missing is said in a warning on the
-run. The recipe is therefore a partial one (a YAML comment says so). Its ``train.seed`` is the
+arguments come from ``--config`` (TRL's ``args.to_json_string()``, verl's Hydra
+``.hydra/config.yaml``), else from TensorBoard's ``args`` text, also for a ``trainer_state.json``
+whose output_dir holds one TensorBoard run (``trl_args_beside``)) is written into the run's
+recipe, under the workbench's field names; nothing is filled in from defaults, and what is
+missing is said in a warning on the run. The recipe is therefore a partial one (a YAML comment
+says so). Its ``train.seed`` is the
 seed the run trained with (TRL's ``seed``) or the one given with ``--seed``; both given and
 different is refused, as is neither: the store keys replicates by seed.
 
@@ -743,7 +745,32 @@ def read_log(path: str | Path, fmt: str | None = None, config: str | Path | None
     arguments, origin = log.config, log.config_origin
     if config is not None:
         arguments, origin = read_config(Path(config), log.framework), f"--config {config}"
+    elif fmt == "trl-state":
+        arguments, origin = trl_args_beside(path)
     return convert(log, fmt, arguments, origin, source=str(path))
+
+
+def trl_args_beside(state: Path) -> tuple[dict[str, Any] | None, str]:
+    """The training arguments of a ``trainer_state.json`` from the TensorBoard events of its run:
+    ``OUTPUT_DIR/runs/*/`` beside it (``trainer.save_state()``) or above it (a checkpoint's
+    ``OUTPUT_DIR/checkpoint-N/``), when exactly one TensorBoard run is there (several: which one
+    wrote this state is unknown, none is used) and tensorboard is installed. (None, "") otherwise."""
+    beside = [state.parent] + ([state.parent.parent] if state.parent.name.startswith("checkpoint-") else [])
+    for output_dir in beside:
+        runs = output_dir / "runs"
+        if not runs.is_dir():
+            continue
+        folders = {p.parent for p in runs.rglob(f"{TB_EVENTS}*") if p.is_file()}
+        if len(folders) != 1:
+            return None, ""
+        try:
+            log = read_tensorboard(folders.pop())
+        except LogError:
+            return None, ""
+        if log.config is None:
+            return None, ""
+        return log.config, f"the TensorBoard args text in {runs}"
+    return None, ""
 
 
 # ---- the service: an authorised import into a store ----------------------------------------------------
