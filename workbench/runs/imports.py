@@ -804,9 +804,11 @@ def import_run(path: str | Path, *, principal: Principal, fmt: str | None = None
                group: str | None = None, arm: str | None = None, seed: int | None = None, name: str | None = None,
                tags: Iterable[str] = (), notes: str = "", store: RunRepository | None = None) -> tuple[str, list[str]]:
     """Import one log as a finished run of ``store`` owned by ``principal`` (who must be allowed to
-    launch); returns (run id, the run's warnings). Everything is read and checked first; the row and
-    its events are written together, and removed again if a write fails: a refused import leaves
-    nothing. Importing a log already in the store is refused, naming its run."""
+    launch); returns (run id, the run's warnings). Everything is read and checked first; then the
+    row (queued, without a handle: no collector or queue touches it; its launcher is not local),
+    its events in one transaction (it is finished from then on), its warnings; if a write fails
+    the row is removed again: a refused import leaves nothing. Importing a log already in the
+    store is refused, naming its run."""
     from workbench.home import confined_path
     from workbench.runs.lifecycle import RUNS_DIR
     from workbench.runs.names import check_group, check_run_name, check_tag
