@@ -6,6 +6,7 @@
     runs cancel ID | runs resume ID | runs delete ID
     compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
+    import PATH [--format F] [--config FILE] [--group G] [--arm A] [--seed S] [--name N] [--tag T] [--notes TEXT]
 
 Who acts: the CLI acts as the local OS user (``getpass``) with role admin
 (``workbench.runs.authz.local_principal``), on the local store of the workbench home: that user
@@ -278,6 +279,21 @@ def _cmd_collect(args) -> int:
         time.sleep(args.interval)
 
 
+def _cmd_import(args) -> int:
+    """Import a run made elsewhere (TRL, verl logs) as a finished run; prints its id, and its
+    warnings (what could not be recovered) as ``warning: ...`` lines on stderr."""
+    from workbench.runs import local_principal
+    from workbench.runs.imports import import_run
+
+    run_id, warnings = import_run(args.path, principal=local_principal(), fmt=args.format, config=args.config,
+                                  group=args.group, arm=args.arm, seed=args.seed, name=args.name, tags=args.tag,
+                                  notes=args.notes, store=_open_store())
+    print(run_id)
+    for warning in warnings:
+        print(f"warning: {run_id}: {warning}", file=sys.stderr)
+    return 0
+
+
 _RUN_ACTIONS = {"show": _show_run, "logs": lambda store, run, args: _print_logs(store, run, args.follow),
                 "cancel": _cancel_run, "resume": _resume_run, "delete": _delete_run}
 
@@ -316,3 +332,15 @@ def add_run_parsers(sub) -> None:
     c.add_argument("--interval", type=float, default=1.0)
     c.add_argument("--once", action="store_true")
     c.set_defaults(func=_cmd_collect)
+    i = sub.add_parser("import", help="import a run made elsewhere (TRL trainer_state.json / TensorBoard events, verl "
+                       "JSONL / console log) as a finished run, beside workbench runs in Compare and verdicts")
+    i.add_argument("path", help="the log: a trainer_state.json, a TensorBoard event file or its folder, a verl log")
+    i.add_argument("--format", help="tensorboard | trl-state | verl-jsonl | verl-console (default: recognised)")
+    i.add_argument("--config", help="the training arguments: TRL args.to_json_string() JSON, verl .hydra/config.yaml")
+    i.add_argument("--group", help="comparison group to join (beside its workbench runs)")
+    i.add_argument("--arm", help="arm label within the group (default: the run's name)")
+    i.add_argument("--seed", type=int, help="the run's seed (default: the one in its training arguments)")
+    i.add_argument("--name", help="run name (default: the algorithm + '-import')")
+    i.add_argument("--tag", action="append", default=[])
+    i.add_argument("--notes", default="")
+    i.set_defaults(func=_cmd_import)

@@ -6,6 +6,7 @@
   ``ensure_collector``, ``wait``;
 - ``lifecycle``: the actions of a principal (launch, cancel, resume, delete, edit, settings),
   each authorised by ``authz`` below every UI;
+- ``imports``: runs made elsewhere (TRL, verl logs) imported as finished runs (``import_run``);
 - ``records`` / ``store``: the ``Run`` record, the ``RunRepository`` interface and its SQLite
   implementation; ``ingest``: what an event must look like.
 
@@ -14,6 +15,7 @@ This module re-exports their public names, so ``workbench.runs.service.X`` keeps
 
 from workbench.runs.authz import ROLES, PermissionDenied, Principal, authorize, local_principal, refusal
 from workbench.runs.collector import alive_check_due, ensure_collector, forget_alive_check, ingest_new, lose, sync, wait
+from workbench.runs.imports import FORMATS as IMPORT_FORMATS, LogError, import_run
 from workbench.runs.launchers import ConfigError, LaunchError
 from workbench.runs.lifecycle import (RUNS_DIR, cancel, check_launch_inputs, delete, edit_run, launch, launch_group,
                                       launch_planned, model_outputs, resume, update_settings)
@@ -27,10 +29,10 @@ from workbench.runs.store import RunStore, StoreError
 
 __all__ = [
     "ACTIVE_STATUSES", "ARM_SEPARATOR", "CANCEL_GRACE_S", "GROUP_SHARED_FIELDS", "MAX_RUNS_PER_LAUNCH", "QUEUE_LOCK",
-    "RESUMABLE_STATUSES", "ROLES", "RUNS_DIR", "SEED_FIELD", "TERMINAL_STATUSES", "ConfigError", "LaunchError", "NewRun",
+    "RESUMABLE_STATUSES", "ROLES", "RUNS_DIR", "SEED_FIELD", "TERMINAL_STATUSES", "ConfigError", "IMPORT_FORMATS", "LaunchError", "LogError", "NewRun",
     "PermissionDenied", "PlannedRun", "Principal", "Run", "RunError", "RunRepository", "RunStore", "StoreError",
     "alive_check_due", "authorize", "cancel", "check_joins_group", "check_launch_inputs", "claim_and_start", "delete",
-    "edit_run", "ensure_collector", "forget_alive_check", "ingest_new", "launch", "launch_group", "launch_planned",
+    "edit_run", "ensure_collector", "forget_alive_check", "import_run", "ingest_new", "launch", "launch_group", "launch_planned",
     "launcher_for", "local_principal", "lose", "model_outputs", "parse_sweep", "plan_runs", "refusal", "resume",
     "start_queued_local", "sync", "update_settings", "usable_gpus", "wait",
 ]
