@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from tests.runs.test_authz import _seed
 from tests.test_cli import assert_one_line_error, cli
 from workbench.recipe import load_recipe
 from workbench.runs import (PermissionDenied, Principal, RunStore, Settings, cancel, delete, edit_run, launch,

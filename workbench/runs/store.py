@@ -62,7 +62,7 @@ from workbench.runs.database import (DB_ENV, STORE_FILE, WRITE, StoreError, disp
 from workbench.runs.ingest import INT64_MAX, INT64_MIN, Event, Ignored, Rejected, check_event, is_int, is_number
 from workbench.runs.records import (ACTIVE_STATUSES, AUDIT_ACTIONS, MAX_AUDIT_DETAIL, RESUMABLE_STATUSES, RUN_FIELDS,
                                     STATUSES, TERMINAL_STATUSES, AuditEntry, NewRun, Run, RunError)
-from workbench.runs.schema import PAYLOAD_TABLES, UNIQUE_SEED_INDEX, audit, payloads, runs as runs_table
+from workbench.runs.schema import UNIQUE_SEED_INDEX, audit, payloads, runs as runs_table
 
 __all__ = ["ACTIVE_STATUSES", "INT64_MAX", "INT64_MIN", "RESUMABLE_STATUSES", "STATUSES", "TERMINAL_STATUSES", "NewRun", "Run",
            "RunError", "RunStore", "StoreError", "default_store"]
