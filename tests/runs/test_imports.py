@@ -338,6 +338,8 @@ def test_verl_logs_are_imported_with_trl_names(verl_logs, home, kind, fmt):
     times = store.metrics([run_id]).set_index("step")["time"]
     assert times[1] - times[0] == pytest.approx(39.0)  # timing_s/step summed: the wall-time axis
     assert "actor/ppo_kl" in _stored(store, run_id)[0]  # KL(old || new), not the reference's: kept under verl's name
+    [entry] = store.audit_entries(action="import")  # who imported what, in the audit log
+    assert (entry.actor, entry.target) == (local_principal().owner, run_id) and fmt.split("-")[1] in entry.detail
 
 
 def test_verl_without_a_seed_or_config_says_what_is_missing(verl_logs, home):
@@ -366,7 +368,7 @@ def test_a_viewer_may_not_import(verl_logs, home):
     store = RunStore(home / "runs.db")
     with pytest.raises(PermissionDenied, match="permission denied: launch by ann"):
         import_run(verl_logs["jsonl"], principal=Principal("ann", "viewer", "local OS user"), seed=0, store=store)
-    assert store.runs() == []
+    assert store.runs() == [] and store.audit_entries() == []
 
 
 def _bad_inputs(tmp: Path) -> list[tuple[list[str], list[str]]]:

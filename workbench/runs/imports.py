@@ -104,6 +104,7 @@ from typing import Any
 
 import yaml
 
+from workbench.runs import audit
 from workbench.runs.authz import Principal, authorize
 from workbench.runs.ingest import INT64_MAX
 from workbench.runs.records import NewRun, RunError, RunRepository
@@ -804,7 +805,8 @@ def import_run(path: str | Path, *, principal: Principal, fmt: str | None = None
                group: str | None = None, arm: str | None = None, seed: int | None = None, name: str | None = None,
                tags: Iterable[str] = (), notes: str = "", store: RunRepository | None = None) -> tuple[str, list[str]]:
     """Import one log as a finished run of ``store`` owned by ``principal`` (who must be allowed to
-    launch); returns (run id, the run's warnings). Everything is read and checked first; then the
+    launch: the same rule, ``authz.RULES["launch"]``; the audit log records it as ``import``); returns
+    (run id, the run's warnings). Everything is read and checked first; then the
     row (queued, without a handle: no collector or queue touches it; its launcher is not local),
     its events in one transaction (it is finished from then on), its warnings; if a write fails
     the row is removed again: a refused import leaves nothing. Importing a log already in the
@@ -850,6 +852,7 @@ def import_run(path: str | Path, *, principal: Principal, fmt: str | None = None
     except BaseException:
         store.delete(run_id)
         raise
+    audit.record(store, principal, "import", run_id, f"{imported.framework} {imported.format} log {source}")
     return run_id, list(imported.warnings)
 
 
