@@ -182,6 +182,22 @@ def test_mlflow_links_the_final_policy_and_ends_finished(mlflow_run):
     assert run.info.status == "FINISHED"
 
 
+def test_a_failed_run_ends_its_mlflow_run_failed_without_a_policy_link(wb_home, few_problems, mlflow_server, tmp_path):
+    """A reward function that raises at step 2: the MLflow run holds steps 0 and 1, ends FAILED
+    (the workbench run's status), and links no final policy (there is none)."""
+    from mlflow import MlflowClient
+
+    recipe = load_recipe("grpo", [f"dataset={few_problems}", "train.steps=4", "logging.project=wb-trackers-failed",
+                                  "reward_funcs=['tests.engine.faulty_rewards:raises_at_step_2']",
+                                  "logging.log_with=[mlflow]", f"logging.mlflow_tracking_uri={mlflow_server}"])
+    assert Trainer(recipe, tmp_path / "run").run() == "failed"
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name("wb-trackers-failed").experiment_id])
+    assert run.info.run_name == "run" and run.info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == [0, 1]
+    assert FINAL_MODEL_TAG not in run.data.tags and not (tmp_path / "run" / "final").exists()
+
+
 # -- trackio -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trackio_store(tmp_path_factory, tracker_env):
@@ -240,3 +256,73 @@ def test_trackio_links_the_final_policy_as_a_reference_artifact(trackio_run):
     files = sorted(p.name for p in final.iterdir())
     assert sorted(entry["path"] for entry in artifact["manifest"]) == files and "config.json" in files
     assert all(entry["ref"] == (final / entry["path"]).as_uri() for entry in artifact["manifest"])  # references: no copy
+
+
+# -- both, across a resume ---------------------------------------------------------------------------
+def test_a_resumed_run_continues_its_mlflow_and_trackio_runs(wb_home, few_problems, mlflow_server, trackio_store, tmp_path):
+    """A checkpoint every step, and a reward that raises once, at step 2: the run fails, then
+    ``resume`` continues it from its step-1 checkpoint to the end. Each tracker holds one run of
+    that name with every step 0-3 exactly as the event stream holds it; MLflow's ends FINISHED
+    with the final-policy link, trackio's has its artifact."""
+    import trackio
+    from mlflow import MlflowClient
+    from trackio.sqlite_storage import SQLiteStorage
+
+    project = "wb-trackers-resumed"
+    recipe = load_recipe("grpo", [f"dataset={few_problems}", "train.steps=4", "checkpoint.every=1", "checkpoint.keep_last=2",
+                                  f"logging.project={project}", "reward_funcs=['tests.engine.faulty_rewards:raises_once_at_step_2']",
+                                  "logging.log_with=[mlflow, trackio]", f"logging.mlflow_tracking_uri={mlflow_server}"])
+    run_dir = tmp_path / "run"
+    assert Trainer(recipe, run_dir).run() == "failed"
+    assert Trainer(recipe, run_dir, resume=True).run() == "finished"
+    series = numeric_series(metrics_of(run_dir))
+    assert [step for step, _ in series["reward"]] == list(range(4))
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name(project).experiment_id])
+    assert (run.info.run_name, run.info.status) == ("run", "FINISHED")
+    assert run.data.tags[FINAL_MODEL_TAG] == (run_dir / "final").resolve().as_uri()
+    for name, expected in series.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, mlflow_metric_name(name)))
+        assert same_points(history, expected), (name, history, expected)
+
+    (tracked,) = trackio.Api().runs(project)
+    assert tracked.name == "run"
+    logs = SQLiteStorage.get_logs(project, tracked.name, run_id=tracked.id)
+    for name, expected in series.items():
+        assert same_points([(row["step"], row[name]) for row in logs if name in row], expected), name
+    assert [a["name"] for a in SQLiteStorage.get_run_artifacts(project, tracked.name, tracked.id)["output"]] == ["policy-run"]
+
+
+# -- the recipe fields ---------------------------------------------------------------------------
+@pytest.mark.parametrize("item, expected", [
+    ("logging.project=a/b", "logging.project='a/b'"),
+    ("logging.mlflow_tracking_uri=file:///etc/mlruns", "http://HOST[:PORT]"),
+    ("logging.mlflow_tracking_uri=http://me:s3cret@mlflow.example.org", "MLFLOW_TRACKING_PASSWORD"),
+])
+def test_a_bad_tracker_field_is_one_line_through_the_cli_and_leaves_nothing(tmp_path, item, expected):
+    from tests.test_cli import assert_one_line_error, cli, leftovers
+
+    res = cli(tmp_path, "train", "grpo", "--set", item, "--run-dir", str(tmp_path / "run"))
+    assert_one_line_error(res, item.split("=", 1)[0], expected)
+    assert not (tmp_path / "run").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("item", ["logging.project=..", "logging.project=-x", f"logging.project={'p' * 129}",
+                                  "logging.mlflow_tracking_uri=sqlite:///mlflow.db", "logging.mlflow_tracking_uri=mlflow:5000",
+                                  "logging.mlflow_tracking_uri=http://mlflow:99999", "logging.mlflow_tracking_uri='http://a b'",
+                                  "logging.mlflow_tracking_uri=http://", f"logging.mlflow_tracking_uri=http://{'h' * 2100}"])
+def test_tracker_fields_refuse_what_is_not_a_project_name_or_a_tracking_server(item):
+    from workbench.recipe import RecipeError
+
+    with pytest.raises(RecipeError) as info:
+        load_recipe("grpo", [item])
+    assert item.split("=", 1)[0] in str(info.value) and len(str(info.value)) < 600
+
+
+def test_tracker_fields_take_a_project_name_and_a_tracking_server():
+    from workbench.engine.trackers import tracker_project
+
+    recipe = load_recipe("grpo", ["logging.project=rl-sweeps.v2", "logging.mlflow_tracking_uri=https://mlflow.example.org:5000/ml"])
+    assert (recipe.logging.project, recipe.logging.mlflow_tracking_uri) == ("rl-sweeps.v2", "https://mlflow.example.org:5000/ml")
+    assert tracker_project(recipe) == "rl-sweeps.v2" and tracker_project(load_recipe("grpo")) == "grpo"

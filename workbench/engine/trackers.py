@@ -6,7 +6,8 @@ Every tracker gets the same three things: the recipe as flat ``section.field`` p
 policy directory (never its weights: a 7B policy is 15 GB, and the run directory already keeps it).
 
 - ``mlflow``: accelerate's MLflowTracker, pointed at ``logging.mlflow_tracking_uri`` when the recipe
-  names a server; the run is named after the run directory; metric names keep TRL's spelling, with
+  names a server; the run is named after the run directory (a resumed run continues the newest MLflow
+  run of that name, re-logging the steps after its checkpoint); metric names keep TRL's spelling, with
   a character MLflow refuses (``eval/pass@1``) written as ``_``, exactly as transformers'
   MLflowCallback writes it; the final policy is the run tags ``workbench.final_model`` (its
   ``file://`` URI) and ``workbench.host`` (the machine holding it); the MLflow run ends FINISHED,
@@ -30,6 +31,8 @@ from workbench.recipe import Recipe
 
 #: transformers' MLflowCallback.on_log: characters outside MLflow's metric-name alphabet become "_"
 _NOT_MLFLOW_METRIC_CHARS = re.compile(r"[^0-9A-Za-z_\-\. :/]")
+#: run names that go into an MLflow filter string as they are (run ids are slugs: runs/names.py)
+_FILTERABLE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 #: the workbench run's final status -> the MLflow run's (mlflow.entities.RunStatus names)
 MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 #: tag names of the final-policy link (MLflow run tags; trackio artifact metadata)
@@ -64,9 +67,10 @@ class WorkbenchMLflowTracker(MLflowTracker):
     """accelerate's MLflowTracker, plus the recipe's tracking server, MLflow-safe metric names,
     the final-policy tags and the run's outcome as the MLflow run's status."""
 
-    def __init__(self, experiment_name: str, run_name: str, tracking_uri: str | None = None):
+    def __init__(self, experiment_name: str, run_name: str, tracking_uri: str | None = None, resume: bool = False):
         super().__init__(experiment_name=experiment_name, run_name=run_name)
         self.tracking_uri = tracking_uri
+        self.resume = resume
         self.outcome = MLFLOW_STATUS["finished"]
 
     @on_main_process
@@ -75,6 +79,8 @@ class WorkbenchMLflowTracker(MLflowTracker):
 
         if self.tracking_uri:  # the recipe's server wins over MLFLOW_TRACKING_URI
             mlflow.set_tracking_uri(self.tracking_uri)
+        if self.resume and self.run_id is None:  # MLFLOW_RUN_ID, when set, is accelerate's choice
+            self.run_id = latest_mlflow_run_id(self.experiment_name, self.run_name)
         super().start()
 
     @on_main_process
@@ -94,6 +100,19 @@ class WorkbenchMLflowTracker(MLflowTracker):
         import mlflow
 
         mlflow.end_run(status=self.outcome)
+
+
+def latest_mlflow_run_id(experiment_name: str, run_name: str) -> str | None:
+    """The id of the newest MLflow run named ``run_name`` in the experiment (a resumed workbench run
+    continues it), None when there is none or the name cannot be put in a filter safely."""
+    import mlflow
+
+    experiment = mlflow.get_experiment_by_name(experiment_name)
+    if experiment is None or not _FILTERABLE_NAME.match(run_name):
+        return None
+    runs = mlflow.search_runs([experiment.experiment_id], filter_string=f"attributes.run_name = '{run_name}'",
+                              order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
+    return runs[0].info.run_id if runs else None
 
 
 class WorkbenchTrackioTracker(TrackioTracker):
@@ -126,7 +145,7 @@ class WorkbenchTrackioTracker(TrackioTracker):
 #: tracker name -> (project, run name, recipe, resumed?) -> the tracker accelerate is given;
 #: names not listed go to accelerate as they are (its own tracker, the project from init_trackers)
 TRACKERS: dict[str, Callable[[str, str, Recipe, bool], GeneralTracker]] = {
-    "mlflow": lambda project, run, recipe, resume: WorkbenchMLflowTracker(project, run, recipe.logging.mlflow_tracking_uri),
+    "mlflow": lambda project, run, recipe, resume: WorkbenchMLflowTracker(project, run, recipe.logging.mlflow_tracking_uri, resume),
     "trackio": lambda project, run, recipe, resume: WorkbenchTrackioTracker(project, run, resume),
 }
 
