@@ -821,12 +821,13 @@ class Trainer:
     def _end_trackers(self, status: str, final_dir: Path | None) -> None:
         """Give the trackers the run's outcome and final-policy link, then finish them. A tracker
         that fails here (its server gone) is reported on stderr: the run, its events and its
-        final policy are complete, so its status stays what training made it."""
-        try:
-            conclude_trackers(self.accelerator.trackers, status, final_dir)
-            self.accelerator.end_training()
-        except Exception as err:  # noqa: BLE001 (any tracker's client error)
-            print(f"warning: a tracker did not record the end of the run: {type(err).__name__}: {err}", file=sys.stderr)
+        final policy are complete, so its status stays what training made it; end_training runs
+        even then (it also ends the process group)."""
+        for end in (lambda: conclude_trackers(self.accelerator.trackers, status, final_dir), self.accelerator.end_training):
+            try:
+                end()
+            except Exception as err:  # noqa: BLE001 (any tracker's client error)
+                print(f"warning: a tracker did not record the end of the run: {type(err).__name__}: {err}", file=sys.stderr)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> str:
