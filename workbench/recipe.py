@@ -8,7 +8,9 @@ fails with an error naming the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import re
 import unicodedata
+from urllib.parse import urlsplit
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, get_args
@@ -81,6 +83,14 @@ MAX_TEXT_CHARS = 1 << 16  # description, system_prompt
 MAX_REF_CHARS = 4096  # model, task, dataset paths and references
 
 MAX_EVAL_PROMPTS = 4096
+MAX_URL_CHARS = 2048  # logging.mlflow_tracking_uri (the common limit of browsers and proxies)
+# logging.project: one name every tracker accepts (an MLflow experiment, a trackio project, a W&B
+# project, the TensorBoard folder run_dir/PROJECT), so never a path
+_PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: schemes of a tracking server the recipe may name; a local store (file:, sqlite:) is the run's
+#: environment's to choose (MLFLOW_TRACKING_URI), since a recipe from the Launch form must not
+#: pick paths on the host
+MLFLOW_URI_SCHEMES = ("http", "https")
 #: Tasks named ``reasoning_gym/<dataset>`` come from PyPI reasoning-gym (engine/reasoning.py).
 REASONING_GYM_PREFIX = "reasoning_gym/"
 
@@ -326,7 +336,11 @@ class Logging(_Section):
     """What the run records."""
 
     log_with: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(default_factory=list)
-    """Trackers via accelerate, besides the run's own event stream."""
+    """Trackers via accelerate, besides the run's own event stream: each receives the recipe as flat section.field parameters, every metric of each step under its TRL name, and at the end a link to the final policy (MLflow: run tags workbench.final_model and workbench.host; trackio: a reference artifact policy-RUN of type model). The tracker's package must be installed where the run trains (pip install mlflow / trackio / wandb / tensorboard)."""
+    project: str | None = Field(None, min_length=1, max_length=128)
+    """Project the trackers file the run under (MLflow experiment, trackio project, W&B project, TensorBoard folder run_dir/PROJECT); empty: the recipe's name. Letters, digits, '.', '_', '-'. MLflow's MLFLOW_EXPERIMENT_NAME in the run's environment wins over it (accelerate's rule). The tracker's run is named after the run directory (the run id)."""
+    mlflow_tracking_uri: str | None = Field(None, min_length=1, max_length=MAX_URL_CHARS)
+    """MLflow tracking server for log_with [mlflow], http(s)://HOST:PORT; empty: MLFLOW_TRACKING_URI of the run's environment, else MLflow's local default in the run's working directory. Credentials never go here (the recipe is saved with the run and exported): set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN where the run trains."""
     samples_per_step: int = Field(4, ge=0, le=MAX_LOGGED_ROWS)
     """Prompt / completion / reward rows recorded per step."""
     diagnostics_every: int = Field(1, ge=0, le=MAX_STEPS)
@@ -335,6 +349,39 @@ class Logging(_Section):
     """How many sequences of the batch those diagnostics cover."""
     lens_every: int = Field(0, ge=0, le=MAX_STEPS)
     """Same-batch lens every N steps (0 = off): every advantage estimator x policy loss on the step's batch (loss, grad norm, cosine with the update taken), in that step's diagnostics event. One extra forward and ~30 backward passes per lens step, so off by default (see bench/lens_bench.py)."""
+
+    @field_validator("project")
+    @classmethod
+    def _project_name(cls, value: str | None) -> str | None:
+        if value is not None and not _PROJECT_NAME.match(value):
+            raise ValueError("not allowed; a name of letters, digits, '.', '_', '-' (at most 128 characters, "
+                             "starting with a letter or digit), e.g. rl-sweeps")
+        return value
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _tracking_server(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_tracking_uri(value)
+        return value
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Refuse an MLflow tracking URI the recipe may not hold (ValueError saying what is allowed): a
+    scheme other than http(s), no host, a password in it, or whitespace / control characters."""
+    if any(c.isspace() or unicodedata.category(c).startswith("C") for c in uri):
+        raise ValueError("not allowed; one URL without spaces or control characters, e.g. http://mlflow.internal:5000")
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 (raises on a port that is not a number in 0-65535)
+    except ValueError as err:
+        raise ValueError(f"not a URL ({err}); e.g. http://mlflow.internal:5000") from None
+    if parts.scheme not in MLFLOW_URI_SCHEMES or not parts.hostname:
+        raise ValueError(f"not allowed; a tracking server {' or '.join(s + '://HOST[:PORT]' for s in MLFLOW_URI_SCHEMES)} "
+                         "(a local store: set MLFLOW_TRACKING_URI where the run trains)")
+    if parts.password is not None or parts.username is not None:
+        raise ValueError("not allowed: credentials in the URL would be saved with the recipe; set "
+                         "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN where the run trains")
 
 
 class Checkpoint(_Section):

@@ -21,3 +21,14 @@ def overflowing_at_step_2(prompts, completions, completion_ids=None, trainer_sta
     if trainer_state and trainer_state["step"] >= 2:
         return [3e38 if i % 2 else -3e38 for i in range(len(completions))]
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]
+
+
+_FAILED_ONCE: set[str] = set()
+
+
+def raises_once_at_step_2(prompts, completions, completion_ids=None, trainer_state=None, **kwargs):
+    """Raises the first time it sees step 2 in this process (a crash that a resume gets past)."""
+    if trainer_state and trainer_state["step"] == 2 and "step 2" not in _FAILED_ONCE:
+        _FAILED_ONCE.add("step 2")
+        raise ZeroDivisionError("boom in the reward, once")
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]

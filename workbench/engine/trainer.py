@@ -26,6 +26,7 @@ from collections import deque
 import math
 import random
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
@@ -75,6 +76,7 @@ from workbench.engine.distill import load_teacher
 from workbench.engine.models import (AdapterDisabledReference, adapters_swapped, load_policy, load_policy_state, policy_state,
                                      prepare_policy, resolve_model, trainable_parameters)
 from workbench.engine.tasks import load_dataset_rows, resolve_task
+from workbench.engine.trackers import conclude_trackers, tracker_metrics, tracker_project, trackers_for
 from workbench.machine import check_processes_divide
 from workbench.recipe import Recipe
 
@@ -305,7 +307,7 @@ class Trainer:
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             mixed_precision=PRECISION[recipe.train.precision],
-            log_with=recipe.logging.log_with or None,
+            log_with=trackers_for(recipe, self.run_dir, resume=bool(self.resume)) or None,
             project_dir=str(self.run_dir),
         )
         self.ranks = Ranks.of(self.accelerator)
@@ -360,7 +362,7 @@ class Trainer:
                 self.behaviour.eval().requires_grad_(False)
             self.snapshot_weights()
         if r.logging.log_with:
-            acc.init_trackers(r.name, config=tracker_config(r.to_dict()))
+            acc.init_trackers(tracker_project(r), config=tracker_config(r.to_dict()))
 
     # -- staleness ----------------------------------------------------------------------------
     def snapshot_weights(self) -> None:
@@ -759,7 +761,7 @@ class Trainer:
         if lens is not None:
             self.events.emit("lens", step, **lens)
         if r.logging.log_with:
-            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            acc.log(tracker_metrics(metrics), step=step)
         return metrics
 
     def _sampling_metrics(self, trainer_logp: torch.Tensor, out) -> dict[str, float]:
@@ -816,12 +818,24 @@ class Trainer:
             digest = parameter_digest(self.accelerator.unwrap_model(self.policy))
             (self.run_dir / f"params.rank{self.rank}.sha256").write_text(digest)
 
+    def _end_trackers(self, status: str, final_dir: Path | None) -> None:
+        """Give the trackers the run's outcome and final-policy link, then finish them. A tracker
+        that fails here (its server gone) is reported on stderr: the run, its events and its
+        final policy are complete, so its status stays what training made it; end_training runs
+        even then (it also ends the process group)."""
+        for end in (lambda: conclude_trackers(self.accelerator.trackers, status, final_dir), self.accelerator.end_training):
+            try:
+                end()
+            except Exception as err:  # noqa: BLE001 (any tracker's client error)
+                print(f"warning: a tracker did not record the end of the run: {type(err).__name__}: {err}", file=sys.stderr)
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> str:
         """Train for ``train.steps`` steps; returns the final status (finished / failed / cancelled)."""
         r = self.recipe
         status, error = "finished", None
         step = -1
+        final_dir = None
         with _signals_cancel():
             try:
                 self.events.emit("status", 0, status="starting", world_size=self.world, recipe=r.name)
@@ -835,7 +849,7 @@ class Trainer:
                     bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.3f}")
                     bar.update(1)
                 bar.close()
-                checkpoint.save_final(self)
+                final_dir = checkpoint.save_final(self)
             except Cancelled as err:
                 status, error = "cancelled", str(err)
             except Exception as err:  # the run ends with the error recorded; nothing logged is lost
@@ -848,7 +862,7 @@ class Trainer:
                     self.rollout_backend.close()
                 self.events.emit("status", max(step, 0), status=status, **({"error": error} if error else {}))
                 if r.logging.log_with:
-                    self.accelerator.end_training()
+                    self._end_trackers(status, final_dir)
                 self.events.close()
                 self.claim.release()  # the run is over: another trainer may resume it now
         return status
