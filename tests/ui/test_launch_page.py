@@ -251,7 +251,9 @@ def test_a_single_launch_says_watch_it(home, store, cleanup):
     assert "Launched run: `" in at.success[0].value and at.success[0].value.endswith("Watch it on **Live / Compare**.")
 
 
-def test_unreachable_target_shows_the_launchers_error(home, store):
+def test_unreachable_target_shows_the_launchers_error(home, store, monkeypatch, tmp_path):
+    # a machine without SLURM's client commands (the SLURM tests install them on this one)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     at = page("launch_page").run()
     at.selectbox(key="launch_target").select("slurm").run()
     at.button(key="launch_go").click().run()
