@@ -12,9 +12,11 @@ FAIL under ``CI=true`` (``make test`` installs it from requirements-dev.txt).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,7 @@ class RayHead:
             pass
         if self.process.poll() is None:
             self.process.wait(timeout=10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def ray_executable() -> str:
@@ -77,10 +80,12 @@ def ray_executable() -> str:
 
 
 def start_head(workdir: Path, env: dict[str, str] | None = None) -> RayHead:
-    """Start a head with ``HEAD_CPUS`` CPUs on free 127.0.0.1 ports; return once its Jobs API answers."""
+    """Start a head with ``HEAD_CPUS`` CPUs on free 127.0.0.1 ports (its log in ``workdir``); return
+    once its Jobs API answers."""
     ray = ray_executable()
-    temp_dir = workdir / "ray"  # Ray's sockets live here: keep the path short (AF_UNIX paths are <= 107 bytes)
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    # Ray's sockets live under --temp-dir/session_<date>_<pid>/sockets/: a pytest tmp_path is too long
+    # for them (AF_UNIX paths are at most 107 bytes), so the head gets a short folder of its own
+    temp_dir = Path(tempfile.mkdtemp(prefix="wbray-", dir="/tmp"))
     dashboard, gcs, agent, client = free_port(), free_port(), free_port(), free_port()
     worker = free_port()  # a small worker port range of its own
     argv = [ray, "start", "--head", "--block", "--num-cpus", str(HEAD_CPUS), "--num-gpus", "0",
@@ -97,9 +102,13 @@ def start_head(workdir: Path, env: dict[str, str] | None = None) -> RayHead:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"`ray start --head` exited with {process.returncode}: {log.read_text()[-3000:]}")
-        try:
-            head.client().list_jobs()
-            return head
+        try:  # ready = a job runs: the dashboard answers before its agent takes jobs ("No available agent")
+            client = head.client()
+            job = client.submit_job(entrypoint="true")
+            while client.get_job_status(job) in ("PENDING", "RUNNING") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if client.get_job_status(job) == "SUCCEEDED":
+                return head
         except Exception:  # noqa: BLE001  (not up yet: the dashboard or its agent is still starting)
             time.sleep(0.5)
     head.stop()

@@ -72,6 +72,14 @@ def sync_until(store, settings, run_id, predicate, timeout=240.0):
     raise AssertionError(f"timed out; run is {dict(store.get_run(run_id))}")
 
 
+def job_status_when_over(head, job_id: str, timeout: float = 60.0) -> str:
+    """The Ray job's status once it is no longer PENDING or RUNNING."""
+    deadline = time.monotonic() + timeout
+    while (status := head.client().get_job_status(job_id)) in ("PENDING", "RUNNING") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return status
+
+
 def events_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_bytes().splitlines()]
 
@@ -171,7 +179,7 @@ def test_run_on_the_cluster_streams_every_step_once_through_a_dropped_link(head,
     assert store.metrics([run_id]).reward.tolist() == [e["metrics"]["reward"] for e in events_of(cluster_dir / "events.jsonl")
                                                       if e["kind"] == "metrics"]
     assert (cluster_dir / "final").is_dir() and (cluster_dir / "recipe.yaml").read_text() == recipe.to_yaml()
-    assert head.client().get_job_status(f"wb-{run_id}-1") == "SUCCEEDED"
+    assert job_status_when_over(head, f"wb-{run_id}-1") == "SUCCEEDED"  # the trainer's exit follows its last event
     again = launcher_for(head.target, settings).read_events(store.get_run(run_id))
     assert (again.events, again.offset) == ([], len(written))
 
@@ -213,7 +221,7 @@ def test_group_queues_beyond_the_slots_cancel_frees_one_and_resume_continues(hea
 
     cancel(first, principal=ME, store=store, settings=stalling, grace_s=30)
     run = sync_until(store, stalling, first, lambda r: r.terminal)
-    assert (run["status"], head.client().get_job_status(f"wb-{first}-1")) == ("cancelled", "STOPPED")
+    assert (run["status"], job_status_when_over(head, f"wb-{first}-1")) == ("cancelled", "STOPPED")
     local_events = events_of(Path(run["run_dir"]) / "events.jsonl")  # the trainer got SIGTERM and said so
     assert (local_events[-1]["kind"], local_events[-1]["status"]) == ("status", "cancelled")
     sync_until(store, stalling, third, lambda r: r["last_step"] >= 0)  # the freed slot took the queued run
