@@ -56,8 +56,8 @@ def cluster(head, **fields) -> Settings:
     """Settings whose ``ray`` section is this head, this interpreter, 1 CPU per run; the jobs can
     import this checkout's test helpers (reward functions) through the runtime_env."""
     env_vars = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **fields.pop("env_vars", {})}
-    return Settings(ray=RayCluster(address=head.address, python=sys.executable, num_cpus=1,
-                                   runtime_env={"env_vars": env_vars}, **fields))
+    fields = {"address": head.address, "python": sys.executable, "num_cpus": 1, **fields}
+    return Settings(ray=RayCluster(runtime_env={"env_vars": env_vars}, **fields))
 
 
 def sync_until(store, settings, run_id, predicate, timeout=240.0):
@@ -149,12 +149,20 @@ def test_an_unreachable_head_is_unknown_not_dead(empty_home):
 
 
 # -- the real cluster -------------------------------------------------------------------------------------
-def test_run_on_the_cluster_streams_every_step_once_through_a_dropped_link(head, store, fresh_home, tmp_path):
-    """A cluster-only run directory (ray.workdir): the events reach the store through the job's log
-    alone. The log stream is dropped mid-run; the next read replays it from the stored offset."""
+def test_runs_stream_every_step_once_and_failures_carry_their_cause(head, store, fresh_home, tmp_path):
+    """Three runs at once. (1) A cluster-only run directory (ray.workdir): its events reach the store
+    through the job's log alone; the log stream is dropped mid-run and the next read replays it
+    from the stored offset. (2) A reward function that raises at step 2: the trainer reports it.
+    (3) A python that does not exist on the cluster (no CPU reserved, so it does not wait for a
+    slot): the job fails before any event, and its exit code and log say why."""
     settings = cluster(head, workdir=str(tmp_path / "cluster"), env_vars={"WORKBENCH_HOME": str(fresh_home)})
     recipe = load_recipe("grpo", ["train.steps=8", "logging.diagnostics_every=2"])
     run_id = launch(recipe, target=head.target, store=store, settings=settings, principal=ME)
+    raising = launch(load_recipe("grpo", ["train.steps=6", "task=arithmetic_four",
+                                          "reward_funcs=['tests.engine.faulty_rewards:raises_at_step_2']"]),
+                     target="ray", store=store, settings=cluster(head), principal=ME, trust_local_imports=True)
+    no_python = launch(load_recipe("grpo", ["train.steps=2"]), target="ray", store=store, principal=ME,
+                       settings=cluster(head, python="/nonexistent/python", num_cpus=0))
     run = store.get_run(run_id)
     cluster_dir = tmp_path / "cluster" / "runs" / run_id
     assert run["handle"] == {"job_id": f"wb-{run_id}-1", "address": f"http://{head.address}", "run_dir": str(cluster_dir),
@@ -165,11 +173,15 @@ def test_run_on_the_cluster_streams_every_step_once_through_a_dropped_link(head,
     assert {k: info.runtime_env["env_vars"][k] for k in ("WORKBENCH_RUN_ID", "WORKBENCH_HOME", "PYTHONUNBUFFERED")} == {
         "WORKBENCH_RUN_ID": run_id, "WORKBENCH_HOME": str(fresh_home), "PYTHONUNBUFFERED": "1"}
 
+    assert wait(no_python, store=store, settings=settings, poll_s=0.3, timeout_s=120) == "failed"
+    run = store.get_run(no_python)
+    assert run["error"].startswith(f"Ray job wb-{no_python}-1 on http://{head.address} failed (exit code 127): ")
+    assert "/nonexistent/python" in run["error"] and "not found" in run["error"]
+
     run = sync_until(store, settings, run_id, lambda r: r["last_step"] >= 2)
     ray_jobs.stop_followers()  # the websocket following the log drops
     assert launcher_for(head.target, settings).alive(run) is True  # the job goes on without it
     assert wait(run_id, store=store, settings=settings, poll_s=0.3, timeout_s=240) == "finished"
-
     run = store.get_run(run_id)
     written = (cluster_dir / "events.jsonl").read_bytes()  # what the trainer wrote on the "cluster"
     assert metric_steps(events_of(cluster_dir / "events.jsonl")) == list(range(8))
@@ -183,20 +195,6 @@ def test_run_on_the_cluster_streams_every_step_once_through_a_dropped_link(head,
     again = launcher_for(head.target, settings).read_events(store.get_run(run_id))
     assert (again.events, again.offset) == ([], len(written))
 
-
-def test_failing_runs_end_failed_with_their_cause(head, store):
-    """A reward function that raises (the trainer reports it) and a python that does not exist on
-    the cluster (the job fails before any event: its exit code and log say why)."""
-    settings = cluster(head)
-    raising = launch(load_recipe("grpo", ["train.steps=6", "task=arithmetic_four",
-                                          "reward_funcs=['tests.engine.faulty_rewards:raises_at_step_2']"]),
-                     target="ray", store=store, settings=settings, principal=ME, trust_local_imports=True)
-    bad_python = settings.model_copy(update={"ray": settings.ray.model_copy(update={"python": "/nonexistent/python"})})
-    no_python = launch(load_recipe("grpo", ["train.steps=2"]), target="ray", store=store, settings=bad_python, principal=ME)
-    assert wait(no_python, store=store, settings=settings, poll_s=0.3, timeout_s=120) == "failed"
-    run = store.get_run(no_python)
-    assert run["error"].startswith(f"Ray job wb-{no_python}-1 on http://{head.address} failed (exit code 127): ")
-    assert "/nonexistent/python" in run["error"] and "not found" in run["error"]
     assert wait(raising, store=store, settings=settings, poll_s=0.3, timeout_s=240) == "failed"
     run = store.get_run(raising)
     assert "ZeroDivisionError: boom in the reward" in run["error"] and "raises_at_step_2" in run["error"]
@@ -224,8 +222,11 @@ def test_group_queues_beyond_the_slots_cancel_frees_one_and_resume_continues(hea
     assert (run["status"], job_status_when_over(head, f"wb-{first}-1")) == ("cancelled", "STOPPED")
     local_events = events_of(Path(run["run_dir"]) / "events.jsonl")  # the trainer got SIGTERM and said so
     assert (local_events[-1]["kind"], local_events[-1]["status"]) == ("status", "cancelled")
-    sync_until(store, stalling, third, lambda r: r["last_step"] >= 0)  # the freed slot took the queued run
-    for run_id in (second, third):
+    deadline = time.monotonic() + 60  # the freed slot takes the queued run
+    while launcher.state(store.get_run(third)) == "PENDING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launcher.state(store.get_run(third)) == "RUNNING"
+    for run_id in (second, third):  # the third is stopped while its trainer starts: Ray's STOPPED says cancelled
         cancel(run_id, principal=ME, store=store, settings=stalling, grace_s=30)
         assert sync_until(store, stalling, run_id, lambda r: r.terminal)["status"] == "cancelled"
 

@@ -43,15 +43,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib.util
+import logging
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
 from workbench.engine.events import STDOUT_PREFIX
 from workbench.export.commands import ShellVar, shell_join, train_command
 from workbench.home import workbench_home
+from workbench.recipe import format_validation_error
 from workbench.runs.launchers.base import (LAUNCHERS, ConfigError, EventChunk, LaunchError, Launcher, mirror_events,
                                            parse_events, status_from_exit_code, text_cause)
 from workbench.runs.launchers.local import RUN_ID_ENV
@@ -107,13 +111,7 @@ def ray_cluster(settings) -> RayCluster:
     values = section.model_dump() if isinstance(section, RayCluster) else dict(section or {})
     try:
         return RayCluster.model_validate(values)
-    except Exception as err:  # pydantic's ValidationError: one line naming the field
-        from pydantic import ValidationError
-
-        if not isinstance(err, ValidationError):
-            raise
-        from workbench.recipe import format_validation_error
-
+    except ValidationError as err:
         problems = format_validation_error(err, RayCluster).split("\n", 1)[1].strip()
         raise ConfigError(f"settings ray: {problems}") from None
 
@@ -260,6 +258,8 @@ _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=
 def _new_client(url: str):
     from ray.job_submission import JobSubmissionClient  # ~0.6 s: only where a Ray target is used
 
+    # the client logs every closed log stream at INFO on stderr (`runs ... --wait` would print them)
+    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
     return JobSubmissionClient(url)
 
 
@@ -428,9 +428,12 @@ class RayLauncher(Launcher):
         ``cancelled``), then SIGKILL after the head's RAY_JOB_STOP_WAIT_TIME_S; waits up to
         ``grace_s`` (at least Ray's default wait and a little more) for the job to end."""
         state = self.state(run)
-        if not state or state not in ACTIVE_STATES:
+        job_id = (run.get("handle") or {}).get("job_id")
+        if state is None:
+            raise LaunchError(f"cannot stop Ray job {job_id} of run {run['id']}: the Ray cluster at {self._url(run)} "
+                              "does not answer now; try again")
+        if state not in ACTIVE_STATES:
             return
-        job_id = run["handle"]["job_id"]
         self._call(self._url(run), f"stopping job {job_id}", lambda c: c.stop_job(job_id))
         deadline = time.monotonic() + max(grace_s, STOP_WAIT_S + 2.0)
         while time.monotonic() < deadline and self.alive(run) is not False:
