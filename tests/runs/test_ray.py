@@ -109,20 +109,23 @@ def test_bad_targets_and_addresses_are_one_line_and_leave_nothing(empty_home):
                                          r"http://HOST:PORT, https://HOST:PORT or ray://HOST:PORT"):
         Settings(ray={"address": "http://head:8265/api"})
     # and again by the launcher (settings built without validation reach a shell on the cluster)
-    unchecked = Settings.model_construct(ray=RayCluster.model_construct(address="head:1", python="py\nreboot",
-                                                                        workdir="", num_cpus=1, num_gpus=0, runtime_env={}))
-    with pytest.raises(ConfigError, match=r"^settings ray: python='py\\nreboot' is not allowed; a non-empty single-line"):
+    unchecked = Settings.model_construct(ray=RayCluster.model_construct(
+        address="head:1", python="py\nreboot", workdir="", num_cpus=1, num_gpus=0, runtime_env={}))
+    with pytest.raises(ConfigError,
+                       match=r"^settings ray: python='py\\nreboot' is not allowed; a non-empty single-line"):
         launcher_for("ray", unchecked)
     # ray://HOST:PORT names the Jobs API (the dashboard's HTTP port); the port defaults to 8265
     assert launcher_for("ray://10.0.0.7", Settings()).url == "http://10.0.0.7:8265"
-    assert launcher_for("ray", Settings(ray={"address": "https://ray.example.org"})).url == "https://ray.example.org:8265"
+    https = Settings(ray={"address": "https://ray.example.org"})
+    assert launcher_for("ray", https).url == "https://ray.example.org:8265"
 
 
 def test_the_cli_refuses_a_bad_target_with_exit_2(empty_home):
     out = subprocess.run([sys.executable, "-m", "workbench", "launch", "grpo", "--target", "ray://a b"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2
-    assert out.stderr.startswith("error: target='ray://a b' is not allowed; use ray://HOST:PORT") and out.stderr.count("\n") == 1
+    assert out.stderr.startswith("error: target='ray://a b' is not allowed; use ray://HOST:PORT")
+    assert out.stderr.count("\n") == 1
     assert not (empty_home / "runs").exists()
 
 
@@ -165,8 +168,8 @@ def test_runs_stream_every_step_once_and_failures_carry_their_cause(head, store,
                        settings=cluster(head, python="/nonexistent/python", num_cpus=0))
     run = store.get_run(run_id)
     cluster_dir = tmp_path / "cluster" / "runs" / run_id
-    assert run["handle"] == {"job_id": f"wb-{run_id}-1", "address": f"http://{head.address}", "run_dir": str(cluster_dir),
-                             "events_base": 0}
+    assert run["handle"] == {"job_id": f"wb-{run_id}-1", "address": f"http://{head.address}",
+                             "run_dir": str(cluster_dir), "events_base": 0}
     assert (run["launcher"], run["host"]) == ("ray", head.target.split("://")[1])
     info = head.client().get_job_info(f"wb-{run_id}-1")
     assert info.metadata == {"workbench_run": run_id}
@@ -188,8 +191,8 @@ def test_runs_stream_every_step_once_and_failures_carry_their_cause(head, store,
     assert store.metrics([run_id]).step.tolist() == list(range(8))
     assert run["events_offset"] == len(written)  # nothing skipped, nothing read twice
     assert (Path(run["run_dir"]) / "events.jsonl").read_bytes() == written  # the local copy is byte-identical
-    assert store.metrics([run_id]).reward.tolist() == [e["metrics"]["reward"] for e in events_of(cluster_dir / "events.jsonl")
-                                                      if e["kind"] == "metrics"]
+    assert store.metrics([run_id]).reward.tolist() == [
+        e["metrics"]["reward"] for e in events_of(cluster_dir / "events.jsonl") if e["kind"] == "metrics"]
     assert (cluster_dir / "final").is_dir() and (cluster_dir / "recipe.yaml").read_text() == recipe.to_yaml()
     assert job_status_when_over(head, f"wb-{run_id}-1") == "SUCCEEDED"  # the trainer's exit follows its last event
     again = launcher_for(head.target, settings).read_events(store.get_run(run_id))
@@ -205,7 +208,7 @@ def test_group_queues_beyond_the_slots_cancel_frees_one_and_resume_continues(hea
     """3 seeds on 2 one-CPU slots: two run, the third waits PENDING in Ray's queue and starts when a
     cancel frees a slot. The cancelled run resumes as a new Ray job of the same run, from its
     checkpoint, to the end: every step once, in order."""
-    stalling = cluster(head, env_vars={STALL_ENV: "3"})  # every attempt sleeps inside step 3 (after the step-1 checkpoint)
+    stalling = cluster(head, env_vars={STALL_ENV: "3"})  # each attempt sleeps in step 3 (after the step-1 checkpoint)
     recipe = load_recipe("grpo", ["train.steps=5", "checkpoint.every=2", "task=arithmetic_four", STALLING,
                                   "logging.diagnostics_every=0"])
     ids = launch_group([recipe], group="ray-seeds", seeds=3, target="ray", store=store, settings=stalling, principal=ME,

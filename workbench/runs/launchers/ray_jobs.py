@@ -344,8 +344,8 @@ class RayLauncher(Launcher):
                               f"job reserves ray.num_gpus={gpus:g}; raise ray.num_gpus in the settings or launch "
                               "fewer processes")
         argv = train_command("recipe.yaml", ShellVar("WB_RUN_DIR"), python=ShellVar("WB_PYTHON"), stdout_events=True,
-                             num_processes=processes, cpu=not gpus, mixed_precision=str(launch.get("mixed_precision", "no")),
-                             main_process_port=ShellVar("WB_PORT") if processes > 1 else None,
+                             num_processes=processes, cpu=not gpus,
+                             mixed_precision=str(launch.get("mixed_precision", "no")), main_process_port=ShellVar("WB_PORT") if processes > 1 else None,
                              resume=bool(launch.get("resume")))
         return shell_join(argv)
 
