@@ -151,6 +151,23 @@ def test_an_unreachable_head_is_unknown_not_dead(empty_home):
         launcher.start({**run, "handle": None, "recipe": load_recipe("grpo").to_yaml(), "launch": {}})
 
 
+def test_the_event_lines_of_a_log_are_the_events_file_whatever_the_chunks():
+    """Ray sends a job's log in chunks of up to 10 lines or 20,000 characters, so a long event line
+    (diagnostics) arrives cut; other output is interleaved. The event bytes are the file's."""
+    events = [json.dumps({"kind": "metrics", "step": i, "time": 1.0, "metrics": {"x": "y" * (i * 9000)}})
+              for i in range(5)]
+    log = "".join(f"INFO job_manager.py -- Runtime env is setting up.\n@@wb {line}\nwarning: {i}\n"
+                  for i, line in enumerate(events))
+    file_bytes = "".join(line + "\n" for line in events).encode()
+    for size in (13, 20000, len(log)):
+        stream = ray_jobs._EventStream()
+        for start in range(0, len(log), size):
+            stream.feed(log[start:start + size])
+        assert stream.take(0) == file_bytes
+    assert stream.take(len(events[0]) + 1) == file_bytes[len(events[0]) + 1:]  # from the store's offset on
+    assert stream.take(0) is None  # before what is kept: the caller reads the log again
+
+
 # -- the real cluster -------------------------------------------------------------------------------------
 def test_runs_stream_every_step_once_and_failures_carry_their_cause(head, store, fresh_home, tmp_path):
     """Three runs at once. (1) A cluster-only run directory (ray.workdir): its events reach the store
