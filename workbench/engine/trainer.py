@@ -90,8 +90,10 @@ ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
 SEQUENCE_EXTREMES = {"clip_ratio/low_min": "min", "clip_ratio/high_max": "max"}
 
 
-class Cancelled(Exception):
-    """SIGTERM / SIGINT reached the run."""
+class Cancelled(BaseException):
+    """SIGTERM / SIGINT reached the run. A BaseException, like KeyboardInterrupt: the signal may
+    land inside code that catches ``Exception`` (a reward function the engine wraps, a user's
+    module), and a cancel must not be recorded as that code's failure."""
 
 
 class NonFiniteLossError(RuntimeError):

@@ -1,6 +1,6 @@
 """CLI verbs of the run layer.
 
-    launch RECIPE [RECIPE ...] [--set k=v] [--seeds N] [--sweep FIELD=V1,V2 ...] [--target local|ssh://HOST|slurm]
+    launch RECIPE [RECIPE ...] [--set k=v] [--seeds N] [--sweep FIELD=V1,V2 ...] [--target local|ssh://HOST|slurm|ray|ray://HOST:PORT]
            [--group NAME] [--name N] [--tag T] [--notes TEXT] [--processes N] [--wait]
     runs list [--status S] [--group G] | runs arms GROUP | runs show ID | runs logs ID [--follow]
     runs cancel ID | runs resume ID | runs delete ID | runs audit [--limit N] [--csv FILE]
@@ -340,7 +340,9 @@ def add_run_parsers(sub) -> None:
                    help="runs per arm, with seeds train.seed + 0..N-1 (paired across arms)")
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
                    help="one arm per value (several --sweep: their grid), crossed with the recipes and seeds")
-    p.add_argument("--target", default="local", help="local | ssh://HOST (from settings) | slurm")
+    p.add_argument("--target", default="local",
+                   help="local | ssh://HOST (from settings) | slurm | ray (ray.address in settings) | ray://HOST:PORT "
+                        "(a Ray cluster's Jobs API, the dashboard port)")
     p.add_argument("--group", help="comparison group name (shared prompts and model, paired seeds)")
     p.add_argument("--name", help="run name (default: the recipe name)")
     p.add_argument("--tag", action="append", default=[])

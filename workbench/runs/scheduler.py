@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from workbench.runs.launchers import LAUNCHERS, ConfigError, LaunchError, Launcher, target_scheme
+from workbench.runs.launchers import LAUNCHERS, ConfigError, LaunchError, Launcher, target_scheme, targets_help
 from workbench.runs.records import ACTIVE_STATUSES, Run, RunRepository
 from workbench.runs.settings import Settings, load_settings
 
@@ -18,14 +18,14 @@ QUEUE_LOCK = "queue"
 
 
 def launcher_for(target: str, settings: Settings | None = None) -> Launcher:
-    """The launcher object of a target string ('local', 'ssh://NAME', 'slurm').
+    """The launcher object of a target string ('local', 'ssh://NAME', 'slurm', 'ray', 'ray://HOST:PORT').
 
     ConfigError when the target cannot be used at all (unknown scheme, host not in settings):
     launcher constructors do no I/O, so every LaunchError they raise is about configuration.
     """
     scheme = target_scheme(target)
     if scheme not in LAUNCHERS:
-        raise ConfigError(f"target={target!r} is not allowed; use one of: local, ssh://HOST (a host in settings), slurm")
+        raise ConfigError(f"target={target!r} is not allowed; use one of: {targets_help()}")
     try:
         return LAUNCHERS.get(scheme)(target, settings or load_settings())
     except ConfigError:

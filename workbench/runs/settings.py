@@ -1,4 +1,4 @@
-"""Workbench settings (SSH hosts, SLURM defaults, concurrency slots), one YAML file under the home.
+"""Workbench settings (SSH hosts, SLURM defaults, a Ray cluster, concurrency slots), one YAML file under the home.
 
 Nothing secret lives here: SSH authentication uses the user's own keys and known_hosts files,
 referenced by path. ``setup`` lines of SSH hosts are shell set-up run as-is on that host (e.g.
@@ -103,12 +103,76 @@ class SlurmDefaults(_Strict):
         return value
 
 
+# The Ray Jobs API address: ``HOST:PORT``, ``http(s)://HOST[:PORT]`` or ``ray://HOST[:PORT]`` (the
+# dashboard's HTTP port; see workbench/runs/launchers/ray_jobs.py for why ``ray://`` names it here).
+RAY_DASHBOARD_PORT = 8265
+_RAY_ADDRESS = re.compile(r"^(?:(?P<scheme>https?|ray)://)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252})(?::(?P<port>\d{1,5}))?/?$")
+_RAY_ADDRESS_HELP = ("HOST:PORT, http://HOST:PORT, https://HOST:PORT or ray://HOST:PORT, with PORT the Ray dashboard's "
+                     f"(Jobs API) port, {RAY_DASHBOARD_PORT} by default (not Ray Client's 10001)")
+
+
+def ray_jobs_url(address: str, *, field: str = "ray.address") -> str:
+    """The Jobs API URL of a Ray address: ``ray://h:p`` and ``h:p`` -> ``http://h:p``, ``https://h``
+    -> ``https://h:8265``. ValueError naming ``field``, the value and what is allowed."""
+    match = _RAY_ADDRESS.match(address.strip()) if isinstance(address, str) else None
+    port = int(match["port"]) if match and match["port"] else RAY_DASHBOARD_PORT
+    if match is None or not 1 <= port <= 65535:
+        raise ValueError(f"{field}={address!r:.200} is not allowed; use {_RAY_ADDRESS_HELP}")
+    scheme = "https" if match["scheme"] == "https" else "http"
+    return f"{scheme}://{match['host']}:{port}"
+
+
+class RayCluster(_Strict):
+    """The Ray cluster of target ``ray`` (``ray://HOST:PORT`` names one directly) and how each run is
+    submitted to it as one job of Ray's Jobs API."""
+
+    address: str = ""
+    """Ray Jobs API (dashboard) address for target 'ray': HOST:PORT, http(s)://HOST:PORT or ray://HOST:PORT; PORT is the dashboard's, 8265 by default (empty: target 'ray' is not offered)."""
+    python: str = "python"
+    """Python on the cluster's nodes that has the workbench installed (a name on the job's PATH or an absolute path)."""
+    workdir: str = ""
+    """Directory on the cluster where runs live (WORKDIR/runs/RUN_ID, checkpoints included: a resume reads them there), on storage every node that may run a job sees. Empty: the run's own directory under this workbench home, for a cluster that shares this machine's filesystem (or is this machine)."""
+    num_cpus: float = Field(1.0, ge=0, le=4096, allow_inf_nan=False)
+    """CPUs Ray reserves for each run (entrypoint_num_cpus): a run waits PENDING until a node has them free."""
+    num_gpus: float = Field(0.0, ge=0, le=1024, allow_inf_nan=False)
+    """GPUs Ray reserves for each run (entrypoint_num_gpus; 0: the run trains on the CPU)."""
+    runtime_env: dict = Field(default_factory=dict)
+    """Ray runtime environment of every job (pip, conda, working_dir, py_modules, env_vars ...), admin-written; the workbench adds its own env_vars."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value.strip():
+            ray_jobs_url(value)
+        return value.strip()
+
+    @field_validator("python", "workdir")
+    @classmethod
+    def _one_line(cls, value: str, info) -> str:
+        if any(c in value for c in "\n\r\0") or (info.field_name == "python" and not value.strip()):
+            raise ValueError(f"{info.field_name}={value!r} is not allowed; a non-empty single-line path or command name"
+                             if info.field_name == "python" else
+                             f"{info.field_name}={value!r} is not allowed; a single-line path (empty: this workbench home)")
+        return value
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _env_vars(cls, value: dict) -> dict:
+        env_vars = value.get("env_vars", {})
+        if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
+            raise ValueError(f"runtime_env.env_vars={env_vars!r:.200} is not allowed; a mapping of names to strings "
+                             "(quote numbers: \"1\")")
+        return value
+
+
 class Settings(_Strict):
     """Everything the workbench remembers between sessions."""
 
     ssh_hosts: dict[str, SSHHost] = Field(default_factory=dict)
     """Named SSH hosts; launch with target 'ssh://NAME'."""
     slurm: SlurmDefaults = Field(default_factory=SlurmDefaults)
+    ray: RayCluster = Field(default_factory=RayCluster)
+    """The Ray cluster of target 'ray' (or name one with 'ray://HOST:PORT')."""
     cpu_slots: int = Field(3, ge=1)
     """Concurrent local CPU runs (1 thread each); more wait in the queue. 3 fits the quick comparison."""
     reward_funcs_allowed: list[str] = Field(default_factory=list)

@@ -22,18 +22,28 @@ from workbench.ui.recipe_form import (allowed_reward_refs, app_paths_sweep, chec
 
 
 def _targets() -> tuple[list[str], str | None]:
-    """'local', 'ssh://HOST' per host in settings, 'slurm'; plus a settings error to show."""
+    """Every target the registered launchers offer with the settings ('local', 'ssh://HOST' per
+    host, 'slurm', 'ray' with a cluster address ...); plus a settings error to show."""
     try:
-        hosts = list(wr.load_settings().ssh_hosts)
+        settings, error = wr.load_settings(), None
     except wr.SettingsError as err:
-        return ["local", "slurm"], str(err)
-    return ["local", *[f"ssh://{h}" for h in hosts], "slurm"], None
+        settings, error = wr.Settings(), str(err)
+    return list(target_labels(settings)), error
+
+
+def target_labels(settings: wr.Settings) -> dict[str, str]:
+    """{target: label} of every registered launcher (``Launcher.offered_targets``), 'local' first."""
+    from workbench.runs.launchers import LAUNCHERS
+
+    offered = {}
+    for scheme in sorted(LAUNCHERS, key=lambda s: s != "local"):
+        offered.update(LAUNCHERS.get(scheme).offered_targets(settings))
+    return offered
 
 
 #: Session keys of the two launch buttons' flights (``common.request_flight``).
 FORM_FLIGHT, QUICK_FLIGHT = "launch_flight", "quick_flight"
 
-TARGET_LABELS = {"local": "this machine", "slurm": "SLURM (sbatch)"}
 
 
 def result_message(group: str | None, ids: list[str]) -> str:
@@ -250,8 +260,10 @@ def _launch_controls(recipe: Recipe | None, errors: dict[str, str], base: Recipe
     if settings_error:
         st.error(settings_error)
     cols = st.columns(3)
-    target = cols[0].selectbox("Target", targets, format_func=lambda t: TARGET_LABELS.get(t, t), key="launch_target",
-                               help="this machine, an SSH host from Settings, or a SLURM cluster (sbatch).")
+    labels = target_labels(wr.Settings() if settings_error else wr.load_settings())
+    target = cols[0].selectbox("Target", targets, format_func=lambda t: labels.get(t, t), key="launch_target",
+                               help="this machine, an SSH host from Settings, a SLURM cluster (sbatch) or a Ray "
+                               "cluster (Jobs API).")
     plan = _plan(recipe, others, seeds, sweep, target)
     for level, message in inert_sweep_messages(plan):
         getattr(sweep_notes, level)(message, icon=":material/block:")

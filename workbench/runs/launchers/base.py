@@ -1,7 +1,7 @@
-"""One interface for every place a run can execute (this machine, an SSH host, a SLURM cluster).
+"""One interface for every place a run can execute (this machine, an SSH host, a SLURM or Ray cluster).
 
 A launcher is a class registered in ``LAUNCHERS`` under the scheme of its target
-(``local``, ``ssh``, ``slurm``). The store keeps each run's ``handle`` (a JSON dict the launcher
+(``local``, ``ssh``, ``slurm``, ``ray``). The store keeps each run's ``handle`` (a JSON dict the launcher
 returned from :meth:`Launcher.start`: pid, remote dir, job id ...) so that any later process (the
 app after a restart, the CLI) can poll, cancel and read the run again.
 
@@ -31,9 +31,8 @@ STDOUT_FILE = "stdout.log"
 EXIT_CODE_FILE = "exit_code"
 
 __all__ = ["EVENTS_FILE", "EXIT_CODE_FILE", "STDOUT_FILE", "ConfigError", "EventChunk", "LAUNCHERS", "LaunchError",
-           "Launcher", "UnreadableLine", "file_identity", "log_cause", "parse_events", "read_file_events", "read_run_dir_events",
-           "status_from_exit_code",
-           "target_scheme"]
+           "Launcher", "UnreadableLine", "file_identity", "log_cause", "mirror_events", "parse_events", "read_file_events", "read_run_dir_events",
+           "status_from_exit_code", "target_scheme", "targets_help", "text_cause"]
 
 
 class LaunchError(RuntimeError):
@@ -84,13 +83,23 @@ class Launcher:
     """
 
     scheme = ""
+    target_help = ""
+    """How a target of this launcher is written, for error messages and help (e.g. ``ssh://HOST (a host in settings)``)."""
+    label = ""
+    """What the Launch page calls this target (default: the target itself)."""
     alive_every_s = 0.0
     """Least seconds between two ``alive`` checks of one run by the collector (an ssh handshake or
     a squeue call per check is too much at the collector's 4 passes a second)."""
 
     def __init__(self, target: str, settings) -> None:
-        self.target = target  # e.g. "local", "ssh://gpu1", "slurm"
+        self.target = target  # e.g. "local", "ssh://gpu1", "slurm", "ray://head:8265"
         self.settings = settings
+
+    @classmethod
+    def offered_targets(cls, settings) -> dict[str, str]:
+        """{target: label} of this launcher that the Launch page offers with ``settings`` (none
+        where the settings configure nothing for it); default: the scheme itself."""
+        return {cls.scheme: cls.label or cls.scheme}
 
     def start(self, run: dict) -> dict:
         """Start the run detached (it must outlive this process); return its handle.
@@ -127,6 +136,11 @@ class Launcher:
 
 
 LAUNCHERS: Registry = Registry("launcher")
+
+
+def targets_help() -> str:
+    """Every registered target form, for 'target=... is not allowed; use one of: ...'."""
+    return ", ".join(LAUNCHERS.get(scheme).target_help or scheme for scheme in LAUNCHERS)
 
 
 def target_scheme(target: str) -> str:
@@ -262,15 +276,33 @@ def log_cause(path: Path, max_bytes: int = 65536) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
-            lines = [line.rstrip() for line in f.read().decode(errors="replace").splitlines()]
+            return text_cause(f.read().decode(errors="replace"))
     except OSError:
         return ""
+
+
+def text_cause(text: str) -> str:
+    """:func:`log_cause` of a log's text (a remote log fetched whole, e.g. a Ray job's)."""
+    lines = [line.rstrip() for line in text.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK_START)]
     for start, end in reversed(list(zip(starts, [*starts[1:], len(lines)]))):
         cause = _final_line(lines[start + 1:end])
         if not cause.startswith(_WRAPPER_EXCEPTIONS):
             return cause[:500]
     return ""
+
+
+def mirror_events(run: dict, offset: int, data: bytes) -> None:
+    """Keep a local copy of a remote run's event stream in its local run dir: ``data`` are the
+    stream's bytes from ``offset`` (written in place, so a re-read writes the same bytes again)."""
+    run_dir = run.get("run_dir")
+    if not data or not run_dir or not Path(run_dir).is_dir():
+        return
+    fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
 
 
 def _final_line(block: list[str]) -> str:

@@ -97,6 +97,7 @@ class LocalLauncher(Launcher):
     """``accelerate launch -m workbench train`` as a detached process group on this machine."""
 
     scheme = "local"
+    label = "this machine"
     alive_every_s = 0.0  # a /proc read: cheap enough for every collector pass
 
     def command(self, run: dict) -> list[str]:

@@ -87,6 +87,7 @@ class SlurmLauncher(Launcher):
     """``sbatch`` of the exported script; the job is followed with squeue / sacct."""
 
     scheme = "slurm"
+    label = "SLURM (sbatch)"
     alive_every_s = 15.0  # each check is a squeue call to the cluster's controller
     command_timeout = COMMAND_TIMEOUT_S
 

@@ -52,7 +52,8 @@ from workbench.engine.checkpoint import CHECKPOINTS_DIR, STATE_FILE  # torch-fre
 from workbench.export.commands import ShellVar, shell_join, train_command
 from workbench.recipe import format_validation_error
 from workbench.runs.launchers.base import (EVENTS_FILE, EXIT_CODE_FILE, LAUNCHERS, STDOUT_FILE, ConfigError, EventChunk,
-                                           LaunchError, Launcher, parse_events, status_from_exit_code)
+                                           LaunchError, Launcher, mirror_events, parse_events,
+                                           status_from_exit_code)
 from workbench.runs.settings import _NAME_PATTERN as NAME_PATTERN  # ssh host names (and safe run ids)
 from workbench.runs.settings import SSHHost
 from workbench.runs.store import TERMINAL_STATUSES
@@ -419,10 +420,15 @@ class SSHLauncher(Launcher):
     """``accelerate launch -m workbench train`` on an SSH host, detached with ``setsid nohup``."""
 
     scheme = "ssh"
+    target_help = "ssh://HOST (a host in settings)"
     alive_every_s = 5.0  # each check is an ssh connection (a handshake), not a /proc read
     connect_timeout = 10  # seconds for ssh to reach the host
     command_timeout = 60  # seconds for a short remote command (start, alive, read)
     follow = True  # keep a `tail -F` stream open per active run between reads
+
+    @classmethod
+    def offered_targets(cls, settings) -> dict[str, str]:
+        return {f"ssh://{name}": f"ssh://{name}" for name in getattr(settings, "ssh_hosts", None) or {}}
 
     def __init__(self, target: str, settings) -> None:
         super().__init__(target, settings)
@@ -538,7 +544,7 @@ class SSHLauncher(Launcher):
             remote_dir, _ = self._handle(run)
             data = self._ssh(read_script(remote_dir, offset))
         chunk = parse_events(data, offset)
-        self._mirror(run, offset, data[: chunk.offset - offset])
+        mirror_events(run, offset, data[: chunk.offset - offset])
         if self.follow and run_id not in _followers and run.get("status") not in TERMINAL_STATUSES:
             self._start_follower(run, chunk.offset)
         return chunk
@@ -592,15 +598,3 @@ class SSHLauncher(Launcher):
             _followers[str(run["id"])] = follower
         if previous is not None:
             previous.stop()
-
-    @staticmethod
-    def _mirror(run: dict, offset: int, data: bytes) -> None:
-        """Keep a local copy of the remote events.jsonl in the local run dir (byte-identical)."""
-        run_dir = run.get("run_dir")
-        if not data or not run_dir or not Path(run_dir).is_dir():
-            return
-        fd = os.open(Path(run_dir) / EVENTS_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, data, offset)
-        finally:
-            os.close(fd)
