@@ -55,7 +55,7 @@ RUN_ACTIONS = {
 
 
 def test_every_action_has_a_rule_and_every_run_action_is_tested():
-    assert set(ACTIONS) == {"launch", "settings", *RUN_ACTIONS}
+    assert set(ACTIONS) == {"launch", "settings", "audit", *RUN_ACTIONS}  # audit: reading the log (test_audit.py)
     assert {a for a, rule in RULES.items() if rule.own_run} == set(RUN_ACTIONS)
 
 
@@ -195,7 +195,7 @@ def test_the_pages_reach_no_unauthorised_writer():
 
     assert "save_settings" not in wr.__all__ and not hasattr(wr, "save_settings")
     writers = ("create_run", "create_runs", "update_run", "set_status", "delete", "reopen", "rename", "set_tags",
-               "set_notes", "ingest", "claim_queued", "cancel_queued")
+               "set_notes", "ingest", "claim_queued", "cancel_queued", "record_audit")
     writers = [w for w in writers if hasattr(Store, w)]
     ui = Path(__file__).resolve().parents[2] / "workbench" / "ui"
     for page in ui.rglob("*.py"):

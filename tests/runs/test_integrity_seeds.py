@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+import sqlalchemy as sa
 
 from tests.runs.test_arms import _synthetic_group, full_queue  # noqa: F401  (fixture)
 from tests.test_cli import REPO, assert_one_line_error, cli, leftovers
 from workbench.analysis.stats import DuplicateSeedError, final_window_scores
 from workbench.runs import RunError, RunStore
+from workbench.runs.database import engine_for
 from workbench.runs.store import UNIQUE_SEED_INDEX
 
 
@@ -23,20 +25,18 @@ def _row(run_id: str, seed: int, group: str | None = "g", arm: str = "grpo") -> 
                 group=group, arm=arm)
 
 
-def test_the_store_refuses_a_second_run_with_the_same_group_arm_and_seed(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_the_store_refuses_a_second_run_with_the_same_group_arm_and_seed(store):
     store.create_runs([_row("a0", 0), _row("a1", 1)])
     with pytest.raises(RunError, match=r"group 'g' already has arm 'grpo' with seed 1"):
         store.create_runs([_row("b2", 2), _row("b1", 1)])  # all or nothing: b2 is not kept either
     assert sorted(r["id"] for r in store.runs()) == ["a0", "a1"]
     store.create_runs([_row("c1", 1, group="other"), _row("d1", 1, arm="rloo"), _row("e1", 1, group=None),
                        _row("f1", 1, group=None)])  # another group, another arm, or no group at all: allowed
-    with sqlite3.connect(store.path) as db, pytest.raises(sqlite3.IntegrityError):  # the file itself holds the rule
-        db.execute("UPDATE runs SET seed = 0 WHERE id = 'a1'")
+    with engine_for(store.url).begin() as db, pytest.raises(sa.exc.IntegrityError):  # the database itself holds the rule
+        db.execute(sa.text("UPDATE runs SET seed = 0 WHERE id = 'a1'"))
 
 
-def test_the_check_is_given_the_groups_arms_with_their_seeds(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_the_check_is_given_the_groups_arms_with_their_seeds(store):
     store.create_runs([_row("a0", 0)])
     seen = []
     store.create_runs([_row("a1", 1)], check=lambda arms: seen.append({g: {a: [r["seed"] for r in rs] for a, rs in

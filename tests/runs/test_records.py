@@ -1,14 +1,14 @@
 """The typed records of the run layer: every column of a runs row comes back as a typed Run
-field (real SQLite), and the store implements the RunRepository interface the service uses."""
+field (a real SQLite file and a real PostgreSQL database), and the store implements the RunRepository interface the service uses."""
 
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
-
 import pytest
+import sqlalchemy as sa
 
 from workbench.runs import Run, RunRepository, RunStore
+from workbench.runs.database import engine_for
 from workbench.runs.records import RUN_FIELDS
 
 
@@ -24,11 +24,11 @@ def _full_run(store: RunStore) -> Run:
     return store.get_run("r1")
 
 
-def test_every_column_round_trips_as_a_typed_field(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_every_column_round_trips_as_a_typed_field(store):
     run = _full_run(store)
     assert isinstance(run, Run)
-    columns = {row[1] for row in sqlite3.connect(tmp_path / "runs.db").execute("PRAGMA table_info(runs)")}
+    with engine_for(store.url).connect() as conn:
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("runs")}
     assert {("grp" if f == "group" else f) for f in RUN_FIELDS} == columns  # one field per column, no more
     expected = dict(id="r1", name="my run", algorithm="grpo", status="failed", target="ssh://gpu1", launcher="ssh",
                     host="gpu1", created_by="ann", recipe="name: grpo\ntrain:\n  seed: 7\n", run_dir="/tmp/r1",
@@ -43,8 +43,7 @@ def test_every_column_round_trips_as_a_typed_field(tmp_path):
     assert store.runs() == [run] and store.arms("g") == {"grpo · eps_high=0.3": [run]}
 
 
-def test_a_run_is_read_only_and_its_containers_are_copies(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_a_run_is_read_only_and_its_containers_are_copies(store):
     run = _full_run(store)
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.status = "running"
@@ -62,3 +61,10 @@ def test_the_sqlite_store_implements_the_repository_interface(tmp_path):
     store = RunStore(tmp_path / "runs.db")
     assert isinstance(store, RunRepository)
     assert store.identity == str(tmp_path / "runs.db") and store.is_open()
+
+
+def test_the_postgres_store_implements_the_repository_interface(postgres_url):
+    """Its identity (the key of per-store caches and log lines) is the URL without the password."""
+    store = RunStore(postgres_url.replace("://workbench@", "://workbench:s3cret@"))
+    assert isinstance(store, RunRepository) and store.is_open() and store.path is None
+    assert store.identity == postgres_url.replace("://workbench@", "://workbench:***@")

@@ -1,4 +1,5 @@
-"""The run store on a real SQLite file: idempotent ingest, status rules, concurrent writers, queries."""
+"""The run store on both backends (a real SQLite file; a real PostgreSQL database, see
+tests/runs/postgres.py): idempotent ingest, status rules, concurrent writers, queries."""
 
 import json
 import multiprocessing as mp
@@ -20,11 +21,15 @@ def _metrics(step, reward):
     return {"kind": "metrics", "step": step, "time": 100.0 + step, "metrics": {"reward": reward, "kl": 0.0}}
 
 
-def test_file_is_wal_and_run_round_trips(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
-    _make(store, tags=["a", "b"], group="g1", notes="n")
+def test_sqlite_file_is_wal(tmp_path):
+    """SQLite only: the journal mode is the file's (readers beside one writer)."""
+    _make(RunStore(tmp_path / "runs.db"))
     mode = sqlite3.connect(tmp_path / "runs.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def test_run_round_trips(store):
+    _make(store, tags=["a", "b"], group="g1", notes="n")
     run = store.get_run("r1")
     assert (run["status"], run["tags"], run["group"], run["notes"], run["last_step"]) == ("queued", ["a", "b"], "g1", "n", -1)
     frame = store.list_runs(group="g1")
@@ -32,8 +37,7 @@ def test_file_is_wal_and_run_round_trips(tmp_path):
     assert store.list_runs(tag="zzz").empty
 
 
-def test_ingest_is_idempotent_by_run_step_kind(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_ingest_is_idempotent_by_run_step_kind(store):
     _make(store)
     events = [_metrics(0, 0.25), _metrics(1, 0.5),
               {"kind": "samples", "step": 1, "time": 1.0, "samples": [{"prompt": "1+1=", "completion": "2", "reward": 1.0,
@@ -49,8 +53,7 @@ def test_ingest_is_idempotent_by_run_step_kind(tmp_path):
     assert samples.completion.tolist() == ["2"] and samples.advantage.tolist() == [0.5]
 
 
-def test_offset_compare_and_set_rejects_a_stale_reader(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_offset_compare_and_set_rejects_a_stale_reader(store):
     _make(store)
     assert store.ingest("r1", [_metrics(0, 0.1)], offset=(0, 50)) == 1
     # a second collector that read the same bytes from offset 0 loses the race: nothing applied
@@ -59,8 +62,7 @@ def test_offset_compare_and_set_rejects_a_stale_reader(tmp_path):
     assert store.metrics(["r1"]).step.tolist() == [0]
 
 
-def test_status_only_moves_forward(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_status_only_moves_forward(store):
     _make(store)
     status = lambda s, **kw: {"kind": "status", "step": 0, "time": 5.0, "status": s, **kw}  # noqa: E731
     store.ingest("r1", [status("starting"), status("running"), status("failed", error="ValueError: boom")])
@@ -75,8 +77,7 @@ def test_status_only_moves_forward(tmp_path):
         store.set_status("r2", "weird")
 
 
-def test_diagnostics_and_lens_rows(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_diagnostics_and_lens_rows(store):
     _make(store)
     diag = {"kind": "diagnostics", "step": 2, "time": 1.0, "ratio": [[1.0, 1.2]], "region": [[0, 1]], "region_names": ["trust"]}
     lens = {"kind": "lens", "step": 2, "time": 1.0, "cosine": {"grpo": 1.0}}  # what the engine writes
@@ -88,8 +89,7 @@ def test_diagnostics_and_lens_rows(tmp_path):
         store.diagnostics("r1", 3)
 
 
-def test_unknown_run_and_delete(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_unknown_run_and_delete(store):
     with pytest.raises(RunError, match="run id='nope' does not exist"):
         store.get_run("nope")
     _make(store)
@@ -98,8 +98,7 @@ def test_unknown_run_and_delete(tmp_path):
     assert store.list_runs().empty and store.metrics(["r1"]).empty
 
 
-def test_rename_and_tags_are_validated(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_rename_and_tags_are_validated(store):
     _make(store)
     store.rename("r1", "grpo-lr3e-4")
     store.set_tags("r1", ["baseline", "cpu"])
@@ -115,15 +114,15 @@ def test_rename_and_tags_are_validated(tmp_path):
     assert store.get_run("r1")["name"] == "grpo lr=3e-4; été"
 
 
-def _writer(path, run_id, steps):
-    store = RunStore(path)
+def _writer(location, run_id, steps):
+    store = RunStore(location)
     for step in range(steps):
         store.ingest(run_id, [_metrics(step, step / steps)])
 
 
-def test_concurrent_writer_processes(tmp_path):
-    """Eight processes ingest into one file at once: every row lands, none twice, no 'database is locked'."""
-    path = tmp_path / "runs.db"
+def test_concurrent_writer_processes(store_location):
+    """Eight processes ingest into one store at once: every row lands, none twice, no 'database is locked'."""
+    path = store_location
     store = RunStore(path)
     ids = [f"run{i}" for i in range(8)]
     for run_id in ids:
@@ -139,12 +138,11 @@ def test_concurrent_writer_processes(tmp_path):
     assert json.loads(json.dumps(store.get_run("run3")["last_step"])) == 39
 
 
-def test_malformed_events_are_skipped_counted_and_the_stream_goes_on(tmp_path):
+def test_malformed_events_are_skipped_counted_and_the_stream_goes_on(store, tmp_path):
     """Bad lines between good ones (a JSON value that is not an object, step None, payloads of the
     wrong type) are skipped and counted; the good ones land and the offset moves past all of them."""
     from workbench.runs.launchers import read_file_events
 
-    store = RunStore(tmp_path / "runs.db")
     _make(store)
     lines = [_metrics(0, 0.25), [1, 2], "text", 7, None, {"kind": "metrics", "step": None, "metrics": {"reward": 1.0}},
              {"kind": "metrics", "step": 1, "time": "noon", "metrics": {}}, {"kind": "metrics", "step": 1, "metrics": [1]},
@@ -161,15 +159,13 @@ def test_malformed_events_are_skipped_counted_and_the_stream_goes_on(tmp_path):
     assert store.metrics(["r1"]).step.tolist() == [0, 1]
 
 
-def test_reward_that_is_not_a_number_is_kept_in_metrics_but_not_as_the_runs_reward(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_reward_that_is_not_a_number_is_kept_in_metrics_but_not_as_the_runs_reward(store):
     _make(store)
     assert store.ingest("r1", [{"kind": "metrics", "step": 0, "time": 1.0, "metrics": {"reward": "high"}}]) == 1
     assert store.get_run("r1")["reward"] is None and store.metrics(["r1"]).reward.tolist() == ["high"]
 
 
-def test_unknown_status_is_ignored_and_the_run_goes_on(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_unknown_status_is_ignored_and_the_run_goes_on(store):
     _make(store)
     status = lambda s: {"kind": "status", "step": 0, "time": 5.0, "status": s}  # noqa: E731
     store.ingest("r1", [status("running"), status("paused"), status(None)])
@@ -178,8 +174,7 @@ def test_unknown_status_is_ignored_and_the_run_goes_on(tmp_path):
     assert store.get_run("r1")["status"] == "finished"
 
 
-def test_update_run_checks_fields_and_existence(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_update_run_checks_fields_and_existence(store):
     _make(store)
     store.update_run("r1", group="g2", handle={"pid": 1})
     assert (store.get_run("r1")["group"], store.get_run("r1")["handle"]) == ("g2", {"pid": 1})
@@ -203,6 +198,7 @@ OLDEST_RUNS_TABLE = (
 
 
 def test_store_file_of_an_older_version_gains_the_new_column(tmp_path):
+    """SQLite only: files this old exist only as SQLite files (PostgreSQL came with migrations)."""
     path = tmp_path / "runs.db"
     db = sqlite3.connect(path)
     db.execute(OLDEST_RUNS_TABLE)
@@ -214,8 +210,7 @@ def test_store_file_of_an_older_version_gains_the_new_column(tmp_path):
     assert store.get_run("r1")["skipped_events"] == 1
 
 
-def test_queue_claim_and_cancel_are_compare_and_set(tmp_path):
-    store = RunStore(tmp_path / "runs.db")
+def test_queue_claim_and_cancel_are_compare_and_set(store):
     _make(store)
     assert store.claim_queued("r1") and not store.claim_queued("r1")  # exactly one claimer wins
     assert not store.cancel_queued("r1")  # claimed: cancel must go through the launcher

@@ -45,11 +45,14 @@ class PermissionDenied(RunError):
 @dataclass(frozen=True)
 class Principal:
     """Who acts: ``name`` (the owner recorded on what they launch), ``role`` (one of ``ROLES``),
-    ``auth`` (how the name was established: "local OS user", "shared password", ...)."""
+    ``auth`` (how the name was established: "local OS user", "shared password", ...) and
+    ``address`` (where from, for the audit log)."""
 
     name: str
     role: str
     auth: str
+    address: str = ""
+    """Where the request came from (the client's address; "" for the CLI): recorded in the audit log."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -117,6 +120,7 @@ RULES: dict[str, Rule] = {
     "delete": Rule("member", own_run=True),
     "edit": Rule("member", own_run=True),  # name, tags, notes
     "settings": Rule("admin"),
+    "audit": Rule("admin"),  # read the audit log
 }
 ACTIONS = tuple(RULES)
 

@@ -3,7 +3,7 @@
     launch RECIPE [RECIPE ...] [--set k=v] [--seeds N] [--sweep FIELD=V1,V2 ...] [--target local|ssh://HOST|slurm]
            [--group NAME] [--name N] [--tag T] [--notes TEXT] [--processes N] [--wait]
     runs list [--status S] [--group G] | runs arms GROUP | runs show ID | runs logs ID [--follow]
-    runs cancel ID | runs resume ID | runs delete ID
+    runs cancel ID | runs resume ID | runs delete ID | runs audit [--limit N] [--csv FILE]
     compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
 
@@ -108,6 +108,8 @@ def _cmd_runs(args) -> int:
         return _list_runs(store, args)
     if args.action == "arms":
         return _list_arms(store, args.id)
+    if args.action == "audit":
+        return _print_audit(store, args)
     if not args.id:
         return _fail(f"runs {args.action} needs a run ID")
     return _RUN_ACTIONS[args.action](store, store.get_run(args.id), args)
@@ -123,6 +125,37 @@ def _list_runs(store, args) -> int:
                          progress=[f"{s + 1}/{t}" for s, t in zip(frame.last_step, frame.total_steps)])
     cols = ["id", "arm", "seed", "algorithm", "status", "progress", "reward", "target", "group", "created_by", "created_at"]
     print(frame[cols].to_string(index=False))
+    return 0
+
+
+AUDIT_COLUMNS = ["at", "actor", "role", "auth", "action", "target", "detail", "address"]
+
+
+def _print_audit(store, args) -> int:
+    """The audit log, newest first (admins: the CLI's principal is one); ``--csv FILE`` writes
+    every column of the entries to FILE instead (UTF-8, times as ISO 8601 UTC)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from workbench.runs import local_principal
+    from workbench.runs.audit import audit_log
+
+    entries = audit_log(local_principal(), limit=args.limit, store=store)
+    frame = pd.DataFrame([dataclasses.asdict(e) for e in entries], columns=AUDIT_COLUMNS)
+    frame["at"] = pd.to_datetime(frame["at"], unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if args.csv:
+        from workbench.runs import RunError
+
+        try:
+            frame.to_csv(args.csv, index=False)
+        except OSError as err:
+            raise RunError(f"--csv={args.csv!r} cannot be written: {err.strerror or err}") from None
+        print(f"{len(frame)} entries written to {args.csv}")
+    elif frame.empty:
+        print("no audit entries")
+    else:
+        print(frame[["at", "actor", "role", "action", "target", "address", "detail"]].to_string(index=False))
     return 0
 
 
@@ -306,12 +339,15 @@ def add_run_parsers(sub) -> None:
     p.add_argument("--processes", type=int, default=1, help="data-parallel processes (accelerate)")
     p.add_argument("--wait", action="store_true", help="follow until every run ends; exit 0 iff all finished")
     p.set_defaults(func=_cmd_launch)
-    r = sub.add_parser("runs", help="list, show, follow, cancel, resume or delete runs; list a group's arms")
-    r.add_argument("action", choices=["list", "arms", *_RUN_ACTIONS])
+    r = sub.add_parser("runs", help="list, show, follow, cancel, resume or delete runs; list a group's arms; "
+                                    "the audit log (admins)")
+    r.add_argument("action", choices=["list", "arms", "audit", *_RUN_ACTIONS])
     r.add_argument("id", nargs="?", help="run ID (for arms: the GROUP)")
     r.add_argument("--status")
     r.add_argument("--group")
     r.add_argument("--follow", action="store_true", help="logs: keep printing until the run ends")
+    r.add_argument("--limit", type=int, default=100, help="audit: newest N entries (1-100000)")
+    r.add_argument("--csv", metavar="FILE", help="audit: write the entries to FILE as CSV")
     r.set_defaults(func=_cmd_runs)
     v = sub.add_parser("compare", help="the verdict table of a group: arms over seeds, pairs with CIs and P(A>B)")
     v.add_argument("group")

@@ -5,7 +5,8 @@ Every action takes ``principal`` (``workbench.runs.authz.Principal``: who acts, 
 and is authorised (``authz.authorize``) before anything is read from a target or written: a
 refusal is ``PermissionDenied`` and leaves the store, the run directories and the settings file as
 they were. What a new run records as its owner (``created_by``) is the principal's ``owner``. The UI,
-the CLI and any later API call these functions, so the rule is written once.
+the CLI and any later API call these functions, so the rule is written once. Each action that
+succeeds adds one entry to the audit log (``workbench.runs.audit``: who, when, what, from where).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from workbench.engine import rundir
 from workbench.export.commands import MIXED_PRECISION
 from workbench.home import confined_path, workbench_home
+from workbench.runs import audit
 from workbench.runs.authz import Principal, authorize
 from workbench.runs.collector import forget_alive_check, lose, sync
 from workbench.runs.confinement import check_app_paths
@@ -29,8 +31,8 @@ from workbench.runs.names import check_group, check_run_name, check_tag, new_run
 from workbench.runs.planning import PlannedRun, check_joins_group, plan_runs
 from workbench.runs.records import ACTIVE_STATUSES, RESUMABLE_STATUSES, NewRun, Run, RunError, RunRepository
 from workbench.runs.scheduler import CANCEL_GRACE_S, claim_and_start, launcher_for, start_queued_local
-from workbench.runs.settings import Settings, load_settings, save_settings
-from workbench.runs.store import RunStore
+from workbench.runs.settings import Settings, SettingsError, load_settings, save_settings
+from workbench.runs.store import RunStore, default_store, recipe_seed
 
 if TYPE_CHECKING:  # the recipe module imports the estimator registries (torch); listing runs must not
     from workbench.recipe import Recipe
@@ -107,7 +109,19 @@ def launch(recipe: Recipe, *, principal: Principal, target: str = "local", name:
     launcher = launcher_for(target, settings)
     row = _new_run(recipe, target=target, launcher=launcher, name=name, group=group, tags=tags, notes=notes,
                    created_by=principal.owner, num_processes=num_processes, arm=arm, sweep=sweep)
-    return _register_and_start(store, settings, launcher, [(row, recipe)], principal)[0]
+    run_id = _register_and_start(store, settings, launcher, [(row, recipe)], principal)[0]
+    audit.record(store, principal, "launch", run_id, _launch_detail([row], target, group))
+    return run_id
+
+
+def _launch_detail(rows: Sequence[NewRun], target: str, group: str | None) -> str:
+    """What a launch started, for the audit log: where, which group, the arms and their seeds."""
+    arms: dict[str, list[str]] = {}
+    for row in rows:
+        seed = recipe_seed(row.recipe_yaml)
+        arms.setdefault(row.arm or row.name, []).append(str(seed))
+    named = "; ".join(f"{arm} (seeds {', '.join(seeds)})" for arm, seeds in arms.items())
+    return f"{len(rows)} run{'s' if len(rows) != 1 else ''} on {target}" + (f" in group {group}" if group else "") + f": {named}"
 
 
 def _new_run(recipe: Recipe, *, target: str, launcher: Launcher, name: str | None, group: str | None,
@@ -195,7 +209,9 @@ def launch_planned(planned: Sequence[PlannedRun], *, principal: Principal, group
                       created_by=principal.owner, num_processes=num_processes, arm=run.arm, sweep=run.sweep), run.recipe)
             for run in planned]
     check = (lambda arms: check_joins_group(arms[group], group, planned)) if group else None
-    return _register_and_start(store, settings, launcher, runs, principal, check)
+    ids = _register_and_start(store, settings, launcher, runs, principal, check)
+    audit.record(store, principal, "launch", ",".join(ids), _launch_detail([row for row, _ in runs], target, group))
+    return ids
 
 
 def launch_group(recipes: Sequence[str | Recipe], *, principal: Principal, group: str, target: str = "local",
@@ -222,23 +238,33 @@ def cancel(run_id: str, *, principal: Principal, store: RunRepository | None = N
     store = store or RunStore()
     run = store.get_run(run_id)
     authorize(principal, "cancel", run)
-    if run.terminal or store.cancel_queued(run_id):
-        return
+    outcome = _cancel(store, run, settings, wait, grace_s)
+    audit.record(store, principal, "cancel", run_id, outcome)
+
+
+def _cancel(store: RunRepository, run: Run, settings: Settings | None, wait: bool, grace_s: float) -> str:
+    """``cancel`` once authorised; returns what it did (for the audit log)."""
+    run_id = run.id
+    if run.terminal:
+        return f"already {run.status}"
+    if store.cancel_queued(run_id):
+        return "cancelled before it started"
     store.update_run(run_id, cancel_requested=1)  # before reading the handle (see claim_and_start)
     run = store.get_run(run_id)
     if not run.handle or run.terminal:
-        return
+        return "cancel requested" if not run.terminal else f"already {run.status}"
     try:
         launcher = launcher_for(run.target, settings)
     except ConfigError as err:
         lose(store, run_id, err)  # so that it can still be deleted
-        return
+        return f"lost: {err}"
     forget_alive_check(store, run_id)  # the next sync asks at once
     if wait:
         launcher.cancel(run, grace_s)
         sync(store, settings)
     else:
         threading.Thread(target=launcher.cancel, args=(run, grace_s), daemon=True).start()
+    return f"stopping on {run.target} (TERM, KILL after {grace_s:g} s)"
 
 
 def resume(run_id: str, *, principal: Principal, store: RunRepository | None = None, settings: Settings | None = None):
@@ -272,14 +298,17 @@ def resume(run_id: str, *, principal: Principal, store: RunRepository | None = N
     launch = {k: v for k, v in run.launch.items() if k != "gpus"}  # placed again by the queue
     checkpoint = launcher.latest_checkpoint(dataclasses.replace(run, handle=previous))
     store.reopen(run_id, {**launch, "resume": True, "previous_handle": previous})
+    detail = f"from step {checkpoint[0] + 1} (checkpoint {checkpoint[1]})" if checkpoint else "from step 0 (no checkpoint)"
     if launcher.scheme == "local":
         start_queued_local(store, settings)
+        audit.record(store, principal, "resume", run_id, detail)
         return checkpoint
     try:
         claim_and_start(store, store.get_run(run_id), launcher)
     except LaunchError as err:
         store.set_status(run_id, "failed", error=f"resume failed: {err}")
         raise
+    audit.record(store, principal, "resume", run_id, detail)
     return checkpoint
 
 
@@ -307,6 +336,8 @@ def delete(run_id: str, *, principal: Principal, store: RunRepository | None = N
     runs_root = workbench_home() / RUNS_DIR
     if runs_root in run_dir.resolve().parents:  # never remove anything outside the home's runs/
         shutil.rmtree(run_dir, ignore_errors=True)
+    audit.record(store, principal, "delete", run_id,
+                 f"{run.name} ({run.status}, by {run.created_by}" + (f", group {run.group})" if run.group else ")"))
 
 
 def edit_run(run_id: str, *, principal: Principal, name: str | None = None, tags: Iterable[str] | None = None,
@@ -323,11 +354,25 @@ def edit_run(run_id: str, *, principal: Principal, name: str | None = None, tags
                if v is not None}
     if changes:
         store.update_run(run_id, **changes)
+        audit.record(store, principal, "edit", run_id,
+                     "; ".join(f"{k}: {getattr(run, k)!r} -> {v!r}" for k, v in changes.items()))
     return store.get_run(run_id)
 
 
-def update_settings(settings: Settings, *, principal: Principal, home: Path | None = None) -> Path:
+def update_settings(settings: Settings, *, principal: Principal, home: Path | None = None,
+                    store: RunRepository | None = None) -> Path:
     """Save the workbench settings (``settings.save_settings``: atomic) as ``principal``, who must
-    be an admin: the settings name the hosts runs go to and the modules the app may import."""
+    be an admin: the settings name the hosts runs go to and the modules the app may import. The
+    audit entry names the fields that changed (``store``: where it goes; default, the home's store)."""
     authorize(principal, "settings")
-    return save_settings(settings, home)
+    try:
+        before: Settings | None = load_settings(home)
+    except SettingsError:  # saving is how a broken file gets fixed
+        before = None
+    path = save_settings(settings, home)
+    changed = [name for name in type(settings).model_fields
+               if before is None or getattr(before, name) != getattr(settings, name)]
+    detail = ("replaced a settings file that did not validate" if before is None
+              else f"changed: {', '.join(changed)}" if changed else "saved unchanged")
+    audit.record(store or default_store(home), principal, "settings", "settings", detail)
+    return path

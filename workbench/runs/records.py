@@ -2,8 +2,8 @@
 the interface a run store implements (``RunRepository``).
 
 The service (planning, queue, collector, lifecycle) is written against ``RunRepository`` only, so
-a second backend (a server database for a team) is a second class with the same methods, not a
-change to the service. ``workbench.runs.store.RunStore`` is the SQLite implementation.
+another backend is a class with the same methods, not a change to the service.
+``workbench.runs.store.RunStore`` implements it on SQLAlchemy, for a SQLite file and for PostgreSQL.
 """
 
 from __future__ import annotations
@@ -24,6 +24,33 @@ RESUMABLE_STATUSES = ("failed", "cancelled", "lost")  # runs that `runs resume` 
 
 class RunError(ValueError):
     """A run that does not exist, or a request about a run that is not allowed (message says why)."""
+
+
+AUDIT_ACTIONS = ("launch", "cancel", "resume", "delete", "edit", "settings",
+                 "sign_in", "sign_in_refused", "sign_out", "import")
+MAX_AUDIT_DETAIL = 1000  # characters of an entry's detail (longer is cut)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One line of the audit log: who did what, to which runs or settings, when, from where."""
+
+    at: float
+    """Unix time (seconds)."""
+    actor: str
+    """``Principal.owner`` of who acted (the name tried, for a refused sign-in)."""
+    role: str
+    """The principal's role ("" when unknown, e.g. a refused sign-in)."""
+    auth: str
+    """How the name was established (``Principal.auth``)."""
+    action: str
+    """One of ``AUDIT_ACTIONS``."""
+    target: str
+    """Run id(s) comma-separated, a group, "settings", or "" (sign-in)."""
+    detail: str = ""
+    """One line, at most ``MAX_AUDIT_DETAIL`` characters (longer is cut)."""
+    address: str = ""
+    """The client's address when known ("" from the CLI)."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -187,3 +214,9 @@ class RunRepository(Protocol):
 
     def ingest(self, run_id: str, events: list[Any], *, offset: tuple[int, int] | None = None,
                warning: str | None = None, inode: tuple[str | None, str | None] | None = None) -> int: ...
+
+    def record_audit(self, entry: AuditEntry) -> None: ...
+
+    def audit_entries(self, *, limit: int = 1000, since: float | None = None, actor: str | None = None,
+                      action: str | None = None) -> list[AuditEntry]:
+        """The audit log, newest first."""
