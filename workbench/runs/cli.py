@@ -132,16 +132,17 @@ AUDIT_COLUMNS = ["at", "actor", "role", "auth", "action", "target", "detail", "a
 
 
 def _print_audit(store, args) -> int:
-    """The audit log, newest first (admins: the CLI's principal is one); ``--csv FILE`` writes
-    every column of the entries to FILE instead (UTF-8, times as ISO 8601 UTC)."""
+    """The audit log, newest first (admins only: the CLI's principal is one on the local file; on a
+    server database, only an OS user ``roles.cli_roles`` makes admin); ``--csv FILE`` writes every
+    column of the entries to FILE instead (UTF-8, times as ISO 8601 UTC)."""
     import dataclasses
 
     import pandas as pd
 
-    from workbench.runs import local_principal
     from workbench.runs.audit import audit_log
+    from workbench.runs.roles import cli_principal
 
-    entries = audit_log(local_principal(), limit=args.limit, store=store)
+    entries = audit_log(cli_principal(), limit=args.limit, store=store)
     frame = pd.DataFrame([dataclasses.asdict(e) for e in entries], columns=AUDIT_COLUMNS)
     frame["at"] = pd.to_datetime(frame["at"], unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
     if args.csv:

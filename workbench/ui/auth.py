@@ -386,10 +386,11 @@ def tried_name(claims: Mapping) -> str:
 
 
 def audit_store():
-    """The store the run service writes the audit log to (its default store)."""
-    from workbench.runs import RunStore
+    """The store the run service writes the audit log to (its default store: ``WORKBENCH_DB``, else
+    the home's SQLite file)."""
+    from workbench.runs.store import default_store
 
-    return RunStore()
+    return default_store()
 
 
 def already_recorded(actor: str, action: str, detail: str, claims: Mapping) -> bool:
