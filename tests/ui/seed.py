@@ -78,10 +78,11 @@ class LiveRun:
     appends the trainer's event lines to its events.jsonl, which the collector ingests."""
 
     def __init__(self, store: RunStore, *, preset: str = "grpo", name: str | None = None, total: int = 1000,
-                 group: str | None = None) -> None:
+                 group: str | None = None, owner: str = "alice") -> None:
         from workbench.runs.launchers.local import _start_time
 
-        self.run_id = add_run(store, preset=preset, name=name, steps=0, total=total, status="running", group=group)
+        self.run_id = add_run(store, preset=preset, name=name, steps=0, total=total, status="running", group=group,
+                              owner=owner)
         self.proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
         start = None
         while start is None:

@@ -32,6 +32,7 @@ from workbench.runs.records import Run, RunError
 ROLES = ("viewer", "member", "admin")  # lowest first: a role may do what the roles before it may
 LOCAL_AUTH = "local OS user"
 PASSWORD_AUTH = "shared password"
+OIDC_AUTH = "OpenID Connect"  # verified by the team's identity provider (workbench.runs.roles)
 # How names are established that are claims, not identities: their owner key carries a suffix with
 # a space, which no checked user name can contain.
 CLAIMED_AUTHS = {PASSWORD_AUTH: " (password)"}

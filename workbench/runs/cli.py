@@ -8,9 +8,11 @@
     collect [--interval S] [--once]
     import PATH [--format F] [--config FILE] [--group G] [--arm A] [--seed S] [--name N] [--tag T] [--notes TEXT]
 
-Who acts: the CLI acts as the local OS user (``getpass``) with role admin
-(``workbench.runs.authz.local_principal``), on the local store of the workbench home: that user
-can read and write the store file directly, so a lesser role would protect nothing. What it
+Who acts: the CLI acts as the local OS user (``getpass``; ``workbench.runs.roles.cli_principal``).
+On the local store file of the workbench home it is an admin: that user can read and write the
+file directly, so a lesser role would protect nothing. On a server database (``WORKBENCH_DB`` a
+non-sqlite URL) the store is shared: the CLI's role is the settings' ``roles.cli_roles`` entry
+for that user, member when unlisted, and the service applies the app's rules to it. What it
 launches is recorded as theirs (``created_by``).
 """
 
@@ -30,12 +32,13 @@ from workbench.console import report as _fail  # one line `error: ...`, exit 2, 
 
 def _cmd_launch(args) -> int:
     """Plan every (arm, seed) run and validate each one, then launch them all (or nothing)."""
-    from workbench.runs import RunStore, launch, launch_planned, local_principal, parse_sweep, plan_runs, wait
+    from workbench.runs import RunStore, launch, launch_planned, parse_sweep, plan_runs, wait
+    from workbench.runs.roles import cli_principal
 
     planned = plan_runs(args.recipe, seeds=args.seeds, sweep=parse_sweep(args.sweep), overrides=args.set,
                         target=args.target, num_processes=args.processes)
     store = RunStore()
-    common = dict(principal=local_principal(), target=args.target, tags=args.tag, notes=args.notes,
+    common = dict(principal=cli_principal(), target=args.target, tags=args.tag, notes=args.notes,
                   num_processes=args.processes, store=store,
                   trust_local_imports=True)  # the CLI user's own reward modules, as Python imports them
     if len(planned) > 1 or args.group:
@@ -130,16 +133,17 @@ AUDIT_COLUMNS = ["at", "actor", "role", "auth", "action", "target", "detail", "a
 
 
 def _print_audit(store, args) -> int:
-    """The audit log, newest first (admins: the CLI's principal is one); ``--csv FILE`` writes
-    every column of the entries to FILE instead (UTF-8, times as ISO 8601 UTC)."""
+    """The audit log, newest first (admins only: the CLI's principal is one on the local file; on a
+    server database, only an OS user ``roles.cli_roles`` makes admin); ``--csv FILE`` writes every
+    column of the entries to FILE instead (UTF-8, times as ISO 8601 UTC)."""
     import dataclasses
 
     import pandas as pd
 
-    from workbench.runs import local_principal
     from workbench.runs.audit import audit_log
+    from workbench.runs.roles import cli_principal
 
-    entries = audit_log(local_principal(), limit=args.limit, store=store)
+    entries = audit_log(cli_principal(), limit=args.limit, store=store)
     frame = pd.DataFrame([dataclasses.asdict(e) for e in entries], columns=AUDIT_COLUMNS)
     frame["at"] = pd.to_datetime(frame["at"], unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
     if args.csv:
@@ -242,30 +246,34 @@ def _show_run(store, run, args) -> int:
     return 0
 
 
-# The CLI acts as the local OS user with role admin (workbench.runs.authz.local_principal): it
-# works on the store file of the user's own home, which that user can change directly anyway.
+# The CLI acts as the local OS user (workbench.runs.roles.cli_principal): admin on the store file of
+# the user's own home, which that user can change directly anyway; on a server database, its role
+# from the settings (member by default), checked by the service as the app's.
 def _cancel_run(store, run, args) -> int:
-    from workbench.runs import cancel, local_principal
+    from workbench.runs import cancel
+    from workbench.runs.roles import cli_principal
 
-    cancel(run.id, principal=local_principal(), store=store)
+    cancel(run.id, principal=cli_principal(), store=store)
     print(store.get_run(run.id).status)
     return 0
 
 
 def _resume_run(store, run, args) -> int:
     """Start a failed / cancelled / lost run again; it continues from its newest checkpoint."""
-    from workbench.runs import local_principal, resume
+    from workbench.runs import resume
+    from workbench.runs.roles import cli_principal
 
-    latest = resume(run.id, principal=local_principal(), store=store)
+    latest = resume(run.id, principal=cli_principal(), store=store)
     where = f"step {latest[0] + 1} (checkpoint {latest[1]})" if latest else "step 0 (no checkpoint yet)"
     print(f"{run.id}: {store.get_run(run.id).status}, continuing at {where}")
     return 0
 
 
 def _delete_run(store, run, args) -> int:
-    from workbench.runs import delete, local_principal
+    from workbench.runs import delete
+    from workbench.runs.roles import cli_principal
 
-    delete(run.id, principal=local_principal(), store=store)
+    delete(run.id, principal=cli_principal(), store=store)
     print(f"deleted {run.id}")
     return 0
 

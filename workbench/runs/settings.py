@@ -1,4 +1,5 @@
-"""Workbench settings (SSH hosts, SLURM defaults, a Ray cluster, concurrency slots), one YAML file under the home.
+"""Workbench settings (SSH hosts, SLURM defaults, a Ray cluster, concurrency slots, who gets which
+role), one YAML file under the home.
 
 Nothing secret lives here: SSH authentication uses the user's own keys and known_hosts files,
 referenced by path. ``setup`` lines of SSH hosts are shell set-up run as-is on that host (e.g.
@@ -17,12 +18,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from workbench.home import workbench_home
+from workbench.runs.authz import ROLES
 from workbench.yamlsafe import YamlInputError, read_yaml_file
 
 SETTINGS_FILE = "settings.yaml"
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _USER_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_DOMAIN_PATTERN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+$")
+DEFAULT_ROLES = ("viewer", "member")  # a default of admin would make every account of the provider an admin
 
 
 class SettingsError(ValueError):
@@ -165,6 +169,89 @@ class RayCluster(_Strict):
         return value
 
 
+def _one_line_entries(values: list[str], what: str) -> list[str]:
+    """Entries stripped; ValueError naming the first that is empty, multi-line or over 254 characters."""
+    cleaned = []
+    for value in values:
+        text = str(value).strip()
+        if not text or len(text) > 254 or any(c.isspace() for c in text):
+            raise ValueError(f"entry {str(value)!r:.80} is not allowed; {what}")
+        cleaned.append(text)
+    return cleaned
+
+
+class RoleMapping(_Strict):
+    """Which role a user who signed in through the identity provider (OpenID Connect) gets, from the
+    provider's claims (``workbench.runs.roles.role_for``), and which role the CLI gets on a server
+    database (``cli_roles``). The first rule that matches wins, highest role first: ``admins``, then
+    ``admin_groups``, ``member_groups``, ``member_domains``, else ``default_role``."""
+
+    admins: list[str] = Field(default_factory=list)
+    """Admins by their verified email (any case) or their subject ('sub', the provider's stable user id, exact)."""
+    admin_groups: list[str] = Field(default_factory=list)
+    """Groups (exact names as the provider sends them in the groups claim) whose users are admins."""
+    member_groups: list[str] = Field(default_factory=list)
+    """Groups whose users are members (launch; cancel, resume, delete their own runs)."""
+    member_domains: list[str] = Field(default_factory=list)
+    """Email domains (e.g. lab.org: exactly that domain, not its subdomains) whose verified addresses are members."""
+    default_role: str = "viewer"
+    """The role of a signed-in user no rule above matches: viewer (reads only) or member."""
+    groups_claim: str = "groups"
+    """The claim that lists a user's groups (Keycloak, Okta, Entra ID: 'groups'; some providers use 'roles')."""
+    trust_unverified_email: bool = False
+    """Use an email the provider does not mark email_verified=true (Entra ID sends no such claim). Off: such a user is named by their subject and matched by subject and groups only, since an unverified address is whatever the account holder typed."""
+    cli_roles: dict[str, str] = Field(default_factory=dict)
+    """OS user name -> role of the CLI on a server database (WORKBENCH_DB=postgresql://...); unlisted users are members. On the local SQLite file the CLI is always admin (its user can write the file directly)."""
+
+    @field_validator("admins")
+    @classmethod
+    def _admins(cls, value: list[str]) -> list[str]:
+        return _one_line_entries(value, "an email address or a subject (no spaces, at most 254 characters)")
+
+    @field_validator("admin_groups", "member_groups")
+    @classmethod
+    def _groups(cls, value: list[str]) -> list[str]:
+        return _one_line_entries(value, "a group name (no spaces, at most 254 characters)")
+
+    @field_validator("member_domains")
+    @classmethod
+    def _domains(cls, value: list[str]) -> list[str]:
+        domains = []
+        for entry in value:
+            domain = str(entry).strip().lower()
+            if not _DOMAIN_PATTERN.match(domain):
+                raise ValueError(f"entry {str(entry)!r:.80} is not allowed; a domain such as lab.org "
+                                 "(no '@', no scheme)")
+            domains.append(domain)
+        return domains
+
+    @field_validator("default_role")
+    @classmethod
+    def _default_role(cls, value: str) -> str:
+        if value not in DEFAULT_ROLES:
+            raise ValueError(f"not allowed; one of: {', '.join(DEFAULT_ROLES)} "
+                             "(name admins in admins or admin_groups)")
+        return value
+
+    @field_validator("groups_claim")
+    @classmethod
+    def _claim(cls, value: str) -> str:
+        if not _NAME_PATTERN.match(value):
+            raise ValueError("not allowed; a claim name (letters, digits, '.', '-', '_')")
+        return value
+
+    @field_validator("cli_roles")
+    @classmethod
+    def _cli_roles(cls, value: dict[str, str]) -> dict[str, str]:
+        for user, role in value.items():
+            if not _USER_PATTERN.match(str(user)):
+                raise ValueError(f"user {str(user)!r:.80} is not allowed; a POSIX user name "
+                                 "([A-Za-z_][A-Za-z0-9._-]*)")
+            if role not in ROLES:
+                raise ValueError(f"{user}={role!r} is not allowed; a role, one of: {', '.join(ROLES)}")
+        return value
+
+
 class Settings(_Strict):
     """Everything the workbench remembers between sessions."""
 
@@ -179,6 +266,9 @@ class Settings(_Strict):
     """Import references ('package.module:function') the app may offer as reward functions besides the built-ins. The app imports nothing else: importing a module runs its code, and who types in the app does not own the server. The CLI is not limited by this list."""
     gpu_slots: int | None = Field(None, ge=0)
     """Local GPUs runs may take: the first N visible devices (None: all of them; 0: none, local runs use the CPU slots). Each run takes one free device per process and waits until that many are free; a run needing more than there are fails at once."""
+
+    roles: RoleMapping = Field(default_factory=RoleMapping)
+    """Who gets which role when signing in through the identity provider, and the CLI's role on a server database."""
 
     trusted_proxies: list[str] = Field(default_factory=list)
     """Reverse proxies (IP addresses or CIDR networks, e.g. 127.0.0.1 for one on this machine) whose X-Forwarded-For the sign-in limit believes: with one listed, a client behind it is counted under the right-most address in that header that is not itself a listed proxy. Empty (the default): forwarding headers are ignored, since a client can write them, and attempts are counted under the connection's address ('local' for this machine, SSH tunnels included). The proxy must append to X-Forwarded-For or overwrite it."""
