@@ -99,7 +99,9 @@ def test_renamed_host_keeps_its_python_and_setup_and_a_new_row_gets_none(home):
 # Values the page does not show, one per such field: a field added to Settings later without a
 # value here fails the walk below, so the page cannot silently reset it.
 HIDDEN_SETTINGS = {"reward_funcs_allowed": ["tests.engine.faulty_rewards:raises_at_step_2"],
-                   "trusted_proxies": ["10.0.0.0/8"]}
+                   "trusted_proxies": ["10.0.0.0/8"],
+                   "ray": {"address": "head.lab:8265", "workdir": "/shared/wb", "num_cpus": 2.0},
+                   "roles": {"admins": ["ada@lab.org"], "member_domains": ["lab.org"], "cli_roles": {"ada": "admin"}}}
 PAGE_SETTINGS = {"ssh_hosts", "slurm", "cpu_slots", "gpu_slots"}
 
 
