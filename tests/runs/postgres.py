@@ -5,8 +5,8 @@ The cluster lives in a temp dir under /tmp: ``initdb -A trust`` then ``pg_ctl st
 as root (PostgreSQL refuses to run as root; the dir is handed to that user), as the current user
 otherwise. ``fsync=off``: a test cluster is thrown away, and syncing made each test database
 cost ~0.5 s. Each test gets a database of its own (``CREATE DATABASE``, ~0.1 s) so tests stay
-independent; the server is started once per session and stopped (``pg_ctl stop -m fast``) at
-its end.
+independent; the server is started once per session and stopped at its end
+(``pg_ctl stop -m immediate``: the cluster is thrown away, so nothing needs a clean checkpoint).
 
 If the server binaries are missing they are installed with apt-get when running as root;
 otherwise the tests skip locally and FAIL under ``CI=true`` (``tests.helpers.missing_component``).
@@ -89,7 +89,7 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
-        subprocess.run([*self.as_user, str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w",
+        subprocess.run([*self.as_user, str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w",
                         "stop"], capture_output=True, timeout=60)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
