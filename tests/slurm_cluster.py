@@ -130,6 +130,14 @@ class SlurmCluster:
                                      f"{queue!r}; logs in {self.workdir / 'log'}")
             time.sleep(0.2)
 
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of every daemon's log (errors of the pmix plugin, missing here, left out)."""
+        out = []
+        for path in sorted((self.workdir / "log").glob("*.log")):
+            kept = [line for line in path.read_text(errors="replace").splitlines() if "pmix" not in line]
+            out.append(f"== {path.name}\n" + "\n".join(kept[-lines:]))
+        return "\n".join(out)
+
     def _alive(self) -> bool:
         dead = {name: p.returncode for name, p in self.processes.items() if p.poll() is not None}
         if dead:
@@ -187,7 +195,7 @@ def _config(d: Path, nodes: tuple[str, ...], hostname: str) -> str:
         "SelectTypeParameters=CR_CPU",
         "SchedulerType=sched/backfill",
         "SchedulerParameters=batch_sched_delay=0",
-        "ReturnToService=2",
+        "ReturnToService=1",  # a node an admin set DOWN stays down until `state=resume`
         "JobRequeue=1",
         "KillWait=10",
         "GresTypes=gpu",
@@ -216,6 +224,8 @@ def start_cluster() -> SlurmCluster:
     key_dir = d / "munge-key"
     key_dir.mkdir(mode=0o700)
     subprocess.run(["mungekey", "-c", "-k", str(key_dir / "munge.key")], check=True, capture_output=True)
+    for node in nodes:
+        (d / "spool" / node).mkdir()
     (d / "dev" / "gpu0").touch()  # the nodes' GPU: a file (task/none constrains no device)
     (d / "gres.conf").write_text(f"Name=gpu File={d / 'dev' / 'gpu0'}\n")
     conf = d / "slurm.conf"

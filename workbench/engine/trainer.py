@@ -89,11 +89,13 @@ ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
 SEQUENCE_EXTREMES = {"clip_ratio/low_min": "min", "clip_ratio/high_max": "max"}
 
 
-class Cancelled(Exception):
+# Both are BaseExceptions, as KeyboardInterrupt is: the signal may arrive inside user code (a reward
+# function, a dataset loader) whose ``except Exception`` wrappers must not turn it into a failure.
+class Cancelled(BaseException):
     """SIGTERM / SIGINT reached the run: the user cancelled it."""
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     """SIGTERM reached a run whose scheduler decides its fate (``SIGTERM_ENV`` = ``interrupt``)."""
 
 
