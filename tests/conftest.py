@@ -31,3 +31,14 @@ def fresh_home(tmp_path, monkeypatch, tiny_model_dir):
     home = home_with_tiny_model(tmp_path / "home", tiny_model_dir)
     monkeypatch.setenv("WORKBENCH_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real SLURM cluster (munged, slurmctld, two slurmd on this machine), started once per
+    session when a test asks for it and stopped at the end (tests/slurm_cluster.py)."""
+    from tests.slurm_cluster import start_cluster
+
+    cluster = start_cluster()
+    yield cluster
+    cluster.stop()

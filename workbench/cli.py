@@ -75,7 +75,7 @@ def _cmd_train(args) -> int:
     finally:
         claim.release()
     print(f"{status}: {run_dir}", file=sys.stderr)
-    return {"finished": 0, "cancelled": 130}.get(status, 1)
+    return {"finished": 0, "cancelled": 130, "interrupted": 143}.get(status, 1)
 
 
 def _claim_run_dir(recipe, run_dir: Path, *, resume: bool):

@@ -1,12 +1,13 @@
-"""Exported scripts, executed for real: the bash script run as-is, and the sbatch script's body
-run on this machine with SLURM's variables set by the test.
+"""Exported scripts, executed for real: the bash script run as-is, and the sbatch script
+submitted unchanged with `sbatch --wait` to a real SLURM cluster (tests/slurm_cluster.py:
+slurmctld and two slurmd on this machine, nodes named after its hostname and `localhost`).
 
 Every training here is a real `accelerate launch -m workbench train` on the CPU with the built-in
-tiny model. For the sbatch body, `scontrol` and `srun` are shims from slurm_cluster.py standing in
-for the cluster (every "node" is this machine); the script itself runs unchanged.
+tiny model; the job's srun steps start it on the nodes SLURM allocated.
 """
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import home_with_tiny_model
-from tests.export.slurm_cluster import cluster_env, hostname, srun_calls
 from workbench.engine.events import read_events
 from workbench.export.scripts import BashOptions, SlurmOptions, bash_script, recipe_yaml, sbatch_script
 from workbench.recipe import Recipe, load_recipe
@@ -97,23 +97,29 @@ def test_bash_script_run_as_is_reproduces_direct_run(home, recipe, direct_run, t
     assert deterministic(exported) == deterministic(direct_run)
 
 
-def test_sbatch_body_on_one_node_reproduces_direct_run(home, recipe, direct_run, tmp_path):
+def submit(cluster, script: Path, env: dict[str, str], timeout: float = 400) -> tuple[str, dict[str, str], str]:
+    """``sbatch --parsable --wait SCRIPT`` from the script's folder: (job id, the controller's
+    record of the finished job, the job's stderr file); AssertionError if the job failed."""
+    res = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], env={**env, **cluster.env}, cwd=script.parent,
+                         capture_output=True, text=True, timeout=timeout)
+    job_id = res.stdout.strip().split(";")[0]
+    [err] = script.parent.glob(f"*-{job_id}.err") if job_id.isdigit() else [None]
+    stderr = err.read_text() if err else res.stderr
+    assert res.returncode == 0, stderr[-4000:]
+    return job_id, cluster.job(job_id), stderr
+
+
+def test_sbatch_body_on_one_node_reproduces_direct_run(home, recipe, direct_run, tmp_path, slurm_cluster):
     text = sbatch_script(recipe, SlurmOptions(nodes=1, gpus_per_node=1, python=sys.executable))
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
     script = tmp_path / "job.sbatch"
     script.write_text(text)
-    cluster = cluster_env(tmp_path, names=("scontrol", "srun"))
-    slurm = dict(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="shimnode0", SLURM_NNODES="1", SLURM_NODEID="0",
-                 SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_JOB_NAME="job")
-    res = subprocess.run(["bash", str(script)], env=base_env(home, **cluster, **slurm), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    job_id, job, stderr = submit(slurm_cluster, script, base_env(home))
+    assert (job["JobState"], job["ExitCode"], job["NumNodes"], job["TresPerNode"]) == ("COMPLETED", "0:0", "1", "gres:gpu:1")
     no_injection(tmp_path, home, ROOT)
-    run_dir = home / "runs" / "evil_touch_PWNED1_touch_PWNED2_touch_PWNED3_next_line-slurm-4242"
-    assert f"main process: {hostname()}:{20000 + 4242 % 20000}" in res.stderr
-    [call] = srun_calls(cluster)
-    assert call["options"] == {"--nodes": "1", "--ntasks": "1", "--ntasks-per-node": "1"}
-    assert call["command"][:2] == ["bash", "-c"]
+    run_dir = home / "runs" / f"evil_touch_PWNED1_touch_PWNED2_touch_PWNED3_next_line-slurm-{job_id}"
+    # the main process on the node SLURM allocated (its name is the address), port 20000 + job id mod 20000
+    assert f"training nodes: {job['NodeList']}; main process: {job['NodeList']}:{20000 + int(job_id) % 20000}" in stderr
     exported = metrics_of(run_dir)
     assert [m["reward"] for m in exported] == [m["reward"] for m in direct_run]
     assert deterministic(exported) == deterministic(direct_run)
@@ -125,21 +131,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sbatch_body_on_two_nodes_runs_one_launcher_per_node(home, tmp_path):
-    """Two "nodes" (both this machine): srun starts one accelerate launcher per task; each must
-    get its own machine rank from SLURM_PROCID and meet the other at the first host's address."""
+def test_sbatch_body_on_two_nodes_runs_one_launcher_per_node(home, tmp_path, slurm_cluster):
+    """Two nodes (both slurmd on this machine): srun starts one accelerate launcher per node; each
+    must get its own machine rank from SLURM_PROCID and meet the other at the first node's address."""
     recipe = load_recipe("grpo", ["train.steps=2", "logging.diagnostics_every=0", "name=two-nodes"])
     script = tmp_path / "job.sbatch"
     script.write_text(sbatch_script(recipe, SlurmOptions(nodes=2, gpus_per_node=1, python=sys.executable)))
-    cluster = cluster_env(tmp_path, names=("scontrol", "srun"))
-    slurm = dict(SLURM_JOB_ID="77", SLURM_JOB_NODELIST="shimnode0,shimnode1", SLURM_NNODES="2", SLURM_NODEID="0",
-                 SLURM_PROCID="0", SLURM_LOCALID="0", MAIN_PROCESS_PORT=str(free_port()))
-    res = subprocess.run(["bash", str(script)], env=base_env(home, **cluster, **slurm), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stderr[-4000:]
-    run_dir = home / "runs" / "two-nodes-slurm-77"
-    [call] = srun_calls(cluster)
-    assert call["options"] == {"--nodes": "2", "--ntasks": "2", "--ntasks-per-node": "1"}
+    job_id, job, stderr = submit(slurm_cluster, script, base_env(home, MAIN_PROCESS_PORT=str(free_port())))
+    run_dir = home / "runs" / f"two-nodes-slurm-{job_id}"
+    nodes = sorted(slurm_cluster.nodes)  # SLURM's node list order
+    assert (job["NumNodes"], job["NodeList"]) == ("2", ",".join(nodes))
+    assert f"training nodes: {','.join(nodes)}; main process: {nodes[0]}:" in stderr
     events = read_events(run_dir)
     assert [e for e in events if e["kind"] == "status"][0]["world_size"] == 2
     assert [e["step"] for e in events if e["kind"] == "metrics"] == [0, 1]
@@ -149,26 +151,23 @@ def test_sbatch_body_on_two_nodes_runs_one_launcher_per_node(home, tmp_path):
     assert events[-1]["status"] == "finished"
 
 
-def test_sbatch_body_with_vllm_node(home, tmp_path):
-    """--vllm-node: the last host gets `trl.scripts.vllm_serve` with the tiny model's directory,
-    the first host trains; the server's fate does not decide the job's (the engine does not use it)."""
+def test_sbatch_body_with_vllm_node(home, tmp_path, slurm_cluster):
+    """--vllm-node: the last node gets `trl.scripts.vllm_serve` with the tiny model's directory,
+    the first node trains; the server's fate does not decide the job's (the engine does not use it)."""
     recipe = load_recipe("grpo", ["train.steps=1", "logging.diagnostics_every=0", "name=with-vllm"])
+    text = sbatch_script(recipe, SlurmOptions(nodes=1, gpus_per_node=1, vllm_node=True, python=sys.executable))
+    assert '"$PYTHON" -m trl.scripts.vllm_serve --model "$MODEL" --tensor-parallel-size 1 \\' in text
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(recipe, SlurmOptions(nodes=1, gpus_per_node=1, vllm_node=True, python=sys.executable)))
-    cluster = cluster_env(tmp_path, names=("scontrol", "srun"))
-    slurm = dict(SLURM_JOB_ID="78", SLURM_JOB_NODELIST="shimnode0,shimnode1", SLURM_NNODES="2", SLURM_NODEID="0",
-                 SLURM_PROCID="0", VLLM_PORT=str(free_port()))
-    res = subprocess.run(["bash", str(script)], env=base_env(home, **cluster, **slurm), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stderr[-4000:]
-    run_dir = home / "runs" / "with-vllm-slurm-78"
-    calls = {"vllm" if "trl.scripts.vllm_serve" in c["command"] else "train": c for c in srun_calls(cluster)}
-    assert calls["vllm"]["options"] == {"--nodes": "1", "--ntasks": "1", "--nodelist": hostname()}
-    assert calls["train"]["options"] == {"--nodes": "1", "--ntasks": "1", "--ntasks-per-node": "1", "--nodelist": hostname()}
-    vllm = calls["vllm"]["command"]
-    model_dir = Path(vllm[vllm.index("--model") + 1])
+    script.write_text(text)
+    job_id, job, stderr = submit(slurm_cluster, script, base_env(home, VLLM_PORT=str(free_port())))
+    run_dir = home / "runs" / f"with-vllm-slurm-{job_id}"
+    first, last = sorted(slurm_cluster.nodes)
+    assert job["NodeList"] == f"{first},{last}"
+    assert f"training nodes: {first}; main process: {first}:" in stderr
+    vllm = re.search(r"^vLLM server node: (\S+):\d+ \(model (.+)\)$", stderr, re.M)
+    assert vllm and vllm[1] == last
+    model_dir = Path(vllm[2])
     assert model_dir.parent == home / "models" and (model_dir / "config.json").exists()
-    assert vllm[vllm.index("--tensor-parallel-size") + 1] == "1"
     assert (run_dir / "vllm_serve.log").exists()
     assert read_events(run_dir)[-1]["status"] == "finished"
 

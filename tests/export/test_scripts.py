@@ -111,16 +111,21 @@ def test_sbatch_script_layout_multi_node():
     header = lines[1:lines.index("#")]
     assert header == ["#SBATCH --job-name=dapo", "#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1",
                       "#SBATCH --gpus-per-node=8", "#SBATCH --time=2-00:00:00", "#SBATCH --partition=gpu",
-                      "##SBATCH --account=ACCOUNT", "#SBATCH --output=dapo-%j.out", "#SBATCH --error=dapo-%j.err"]
+                      "##SBATCH --account=ACCOUNT", "#SBATCH --output=dapo-%j.out", "#SBATCH --error=dapo-%j.err",
+                      "#SBATCH --open-mode=append"]  # a requeued job appends to its first start's logs
     assert 'mapfile -t NODELIST < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in lines
     assert 'MAIN_PROCESS_IP="${NODELIST[0]}"' in lines
     srun = lines.index("srun --nodes=4 --ntasks=4 --ntasks-per-node=1 \\")
     task = shlex.split(lines[srun + 1].strip())
     assert task[:2] == ["bash", "-c"] and task[3:] == ["||", "status=$?"]
-    assert task[2] == ("trap '' TERM; exec \"${PYTHON}\" -m accelerate.commands.launch --multi_gpu --num_processes 32 "
-                       "--num_machines 4 --mixed_precision no --dynamo_backend no --machine_rank \"${SLURM_PROCID}\" "
-                       "--main_process_ip \"${MAIN_PROCESS_IP}\" --main_process_port \"${MAIN_PROCESS_PORT}\" "
-                       "-m workbench train \"${RECIPE}\" --run-dir \"${RUN_DIR}\"")
+    launch = ("\"${PYTHON}\" -m accelerate.commands.launch --multi_gpu --num_processes 32 "
+              "--num_machines 4 --mixed_precision no --dynamo_backend no --machine_rank \"${SLURM_PROCID}\" "
+              "--main_process_ip \"${MAIN_PROCESS_IP}\" --main_process_port \"${MAIN_PROCESS_PORT}\" -m workbench train")
+    # a requeued job (RESUME=1) continues the run; otherwise it starts it
+    assert task[2] == (f"trap '' INT TERM; if [ \"$RESUME\" = 1 ]; then exec {launch} --resume \"${{RUN_DIR}}\"; fi; "
+                       f"exec {launch} \"${{RECIPE}}\" --run-dir \"${{RUN_DIR}}\"")
+    assert "export WORKBENCH_SIGTERM=interrupt" in lines  # SLURM's TERM is not the user's cancel
+    assert 'if (( ${SLURM_RESTART_COUNT:-0} > 0 )) && [[ -e "$RUN_DIR/run.json" ]]; then' in lines
     assert "trl.scripts.vllm_serve" not in text
 
 

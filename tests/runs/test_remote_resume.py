@@ -1,12 +1,13 @@
 """`runs resume` and the Resume button continue runs launched on an SSH host and on SLURM.
 
 Real components: an OpenSSH server on 127.0.0.1 (tests/runs/sshd.py) whose "host" is this
-machine, and the one-machine SLURM stand-in of tests/export/slurm_cluster.py (shims for the
-cluster's controller, never for the launcher). Each run (tiny model, 1 thread, 5 steps, a
-checkpoint after steps 1 and 3) stalls inside step 3, after the checkpoint of step 1 and step 2's
-events, and is killed there (kill -9 of the remote trainer; scancel of the job). The resume
-continues at step 2 in the same run: the store holds every step once, with the resumed attempt's
-values, and the metrics and final parameters equal an uninterrupted run's exactly (1 CPU thread).
+machine, and a real SLURM cluster on this machine (tests/slurm_cluster.py: slurmctld, two slurmd).
+Each run (tiny model, 1 thread, 5 steps, a checkpoint after steps 1 and 3) stalls inside step 3,
+after the checkpoint of step 1 and step 2's events, and is stopped there (kill -9 of the remote
+trainer; scancel of the job; its node set DOWN, after which SLURM requeues the job). The resume
+(the user's, or the requeued job's own) continues at step 2 in the same run: the store holds every
+step once, with the resumed attempt's values, and the metrics and final parameters equal an
+uninterrupted run's exactly (1 CPU thread).
 """
 
 import json
@@ -22,9 +23,8 @@ from pathlib import Path
 import pytest
 from streamlit import config
 
-from tests.engine.stalling_rewards import STALL_ENV
+from tests.engine.stalling_rewards import STALL_ENV, STALL_ONCE_ENV
 from tests.engine.test_checkpoint import STALLING, _final_digest, _metrics_by_step
-from tests.export.slurm_cluster import cluster_env
 from tests.helpers import home_with_tiny_model, live_processes
 from tests.runs.sshd import free_port
 from tests.runs.test_ssh import sshd  # noqa: F401  (the fixture: a real sshd on 127.0.0.1)
@@ -234,13 +234,14 @@ SLURM = Settings(slurm=SlurmDefaults(partition="debug", account="lab", nodes=1, 
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch, fresh_home):
-    for key, value in cluster_env(tmp_path).items():
-        monkeypatch.setenv(key, value)
+def cluster(slurm_cluster, monkeypatch, fresh_home):
+    slurm_cluster.wait_idle()
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the job imports the stalling reward from tests/
     save_settings(SLURM)  # what the app reads
-    return fresh_home
+    yield slurm_cluster
+    slurm_cluster.run("scancel", "--user", str(os.getuid()), check=False)
 
 
 def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new_job_of_the_same_run(
@@ -253,7 +254,8 @@ def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new
     _sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
     time.sleep(0.5)
     first_job = store.get_run(run_id)["handle"]["job_id"]
-    assert subprocess.run(["scancel", first_job], capture_output=True).returncode == 0  # KILL, state CANCELLED
+    # TERM (the trainer stops without a final status: WORKBENCH_SIGTERM=interrupt), state CANCELLED
+    assert subprocess.run(["scancel", first_job], capture_output=True).returncode == 0
     assert wait(run_id, store=store, settings=SLURM, poll_s=0.2, timeout_s=120) == "cancelled"
     assert [s for s, _ in _stored_metrics(store, run_id)] == [0, 1, 2]
     monkeypatch.delenv(STALL_ENV)
@@ -275,3 +277,60 @@ def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new
     assert store.get_run(run_id)["handle"]["job_id"] == handle["job_id"]
     with pytest.raises(RunError, match=f"run {run_id} is finished; only failed, cancelled, lost runs can be resumed"):
         resume(run_id, principal=local_principal(), store=store, settings=SLURM)
+
+
+def test_slurm_job_requeued_after_its_node_went_down_continues_the_run_from_its_checkpoint(
+        cluster, monkeypatch, fresh_home, uninterrupted):
+    """The job's node goes DOWN inside step 3: SLURM sends TERM to the job's steps (the trainer
+    stops without a final status), requeues the job (JobRequeue=1) and runs the same script again
+    under the same job id with SLURM_RESTART_COUNT=1; the script then resumes the run from its
+    newest checkpoint. The store follows it all as one run: never cancelled or failed, every step
+    once, equal to an uninterrupted run."""
+    store = RunStore()
+    monkeypatch.setenv(STALL_ENV, STALL_STEP)  # the requeued job keeps this environment:
+    monkeypatch.setenv(STALL_ONCE_ENV, str(fresh_home / "stalled-once"))  # only the first attempt stalls
+    run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", principal=local_principal(), store=store, settings=SLURM,
+                    trust_local_imports=True)
+    run_dir = Path(store.get_run(run_id)["run_dir"])
+    _sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
+    time.sleep(0.5)
+    job_id = store.get_run(run_id)["handle"]["job_id"]
+    node = cluster.job(job_id)["NodeList"]
+    cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=workbench-test")
+    try:
+        requeued = cluster.wait_job(job_id, lambda j: j.get("JobState") == "PENDING" and j.get("Restarts") == "1",
+                                    what="PENDING after a requeue")
+        assert requeued["Requeue"] == "1"
+        deadline = time.monotonic() + 30  # the first attempt's trainer ends on SLURM's TERM
+        while _trainer_of(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _trainer_of(run_dir)
+        for _ in range(3):  # the collector keeps following: the job is alive (PENDING), the run goes on
+            sync(store, SLURM)
+        run = store.get_run(run_id)
+        assert (run["status"], run["error"]) == ("running", None)
+        # no final status was written (TERM from SLURM is not the user's cancel)
+        assert [e["status"] for e in read_events(run_dir) if e["kind"] == "status"] == ["starting", "running"]
+        # SLURM holds a requeued job back for ~2 minutes (its BeginTime); an admin may start it now.
+        # It starts on the other node: this one stays DOWN until an admin resumes it.
+        cluster.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+        second = cluster.wait_job(job_id, lambda j: j.get("JobState") == "RUNNING", what="RUNNING again")
+        assert second["NodeList"] != node and second["Restarts"] == "1"
+    finally:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    try:
+        assert wait(run_id, store=store, settings=SLURM, poll_s=0.2, timeout_s=300) == "finished"
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; job {cluster.job(job_id)}; stdout.log: "
+                             f"{(run_dir / 'stdout.log').read_text()[-3000:]}; {cluster.log_tail()}") from None
+    _assert_resumed_equals_uninterrupted(store, run_id, run_dir, uninterrupted)
+    assert store.get_run(run_id)["handle"]["job_id"] == job_id  # the same job, run a second time
+    log = (run_dir / "stdout.log").read_text()  # both attempts' output (--open-mode=append)
+    assert log.index("run directory: ") < log.index("requeued (restart 1): continuing the run in") < \
+        log.index(f"finished: {run_dir}")
+
+
+def _trainer_of(run_dir: Path) -> list[int]:
+    """Pids of live trainers of ``run_dir`` (the accelerate launcher and ``-m workbench train``)."""
+    return [pid for pid, p in live_processes().items() if str(run_dir) in p["cmdline"] and "workbench" in p["cmdline"]]
+

@@ -24,6 +24,7 @@ import functools
 import hashlib
 from collections import deque
 import math
+import os
 import random
 import signal
 import sys
@@ -90,10 +91,23 @@ ADDITIVE_METRICS = frozenset({"loss/policy", "loss/value"})
 SEQUENCE_EXTREMES = {"clip_ratio/low_min": "min", "clip_ratio/high_max": "max"}
 
 
+# Both are BaseExceptions, as KeyboardInterrupt is: the signal may arrive inside user code (a reward
+# function, a dataset loader) whose ``except Exception`` wrappers must not turn it into a failure.
 class Cancelled(BaseException):
-    """SIGTERM / SIGINT reached the run. A BaseException, like KeyboardInterrupt: the signal may
-    land inside code that catches ``Exception`` (a reward function the engine wraps, a user's
-    module), and a cancel must not be recorded as that code's failure."""
+    """SIGTERM / SIGINT reached the run: the user cancelled it."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM reached a run whose scheduler decides its fate (``SIGTERM_ENV`` = ``interrupt``)."""
+
+
+#: What SIGTERM means to the trainer. Unset or ``cancel``: the user's cancel (the local and ssh
+#: launchers send it), recorded as ``cancelled``. ``interrupt`` (the sbatch script sets it): SLURM's
+#: notice that the job's processes end -- an admin's scancel, the time limit, a node failure or a
+#: preemption, after which SLURM may requeue the job -- so the trainer stops without writing a final
+#: status and the job's final state says what happened (the SLURM launcher reads it; a requeued job
+#: continues the run from its newest checkpoint). SIGINT is always the user's cancel.
+SIGTERM_ENV = "WORKBENCH_SIGTERM"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -257,7 +271,11 @@ def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
 
 @contextmanager
 def _signals_cancel() -> Iterator[None]:
+    term_interrupts = os.environ.get(SIGTERM_ENV, "cancel") == "interrupt"
+
     def handler(signum, frame):
+        if signum == signal.SIGTERM and term_interrupts:
+            raise Interrupted("received SIGTERM")
         raise Cancelled(f"received {signal.Signals(signum).name}")
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -833,7 +851,9 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> str:
-        """Train for ``train.steps`` steps; returns the final status (finished / failed / cancelled)."""
+        """Train for ``train.steps`` steps; returns the final status (finished / failed / cancelled), or
+        ``interrupted`` when the scheduler's SIGTERM stopped it (no final status event written then:
+        see ``SIGTERM_ENV``)."""
         r = self.recipe
         status, error = "finished", None
         step = -1
@@ -854,6 +874,8 @@ class Trainer:
                 final_dir = checkpoint.save_final(self)
             except Cancelled as err:
                 status, error = "cancelled", str(err)
+            except Interrupted as err:
+                status, error = "interrupted", str(err)
             except Exception as err:  # the run ends with the error recorded; nothing logged is lost
                 status, error = "failed", f"{type(err).__name__}: {err}"
                 self.events.emit("error", max(step, 0), error=error, exception=type(err).__name__,
@@ -862,7 +884,8 @@ class Trainer:
                 self._write_param_digest()
                 if getattr(self, "rollout_backend", None) is not None:
                     self.rollout_backend.close()
-                self.events.emit("status", max(step, 0), status=status, **({"error": error} if error else {}))
+                if status != "interrupted":  # the scheduler's job state is the run's final status
+                    self.events.emit("status", max(step, 0), status=status, **({"error": error} if error else {}))
                 if r.logging.log_with:
                     self._end_trackers(status, final_dir)
                 self.events.close()

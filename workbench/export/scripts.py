@@ -259,11 +259,12 @@ def _sbatch_header(recipe: Recipe, o: SlurmOptions) -> str:
         # The run directory must exist before submission (SLURM does not create log directories).
         # No --error: stderr joins stdout in one stdout.log, as with the local launcher.
         lines.append(f"#SBATCH --output={o.run_dir}/stdout.log")
-        if o.resume:  # keep the log of the attempts before (SLURM truncates --output by default)
-            lines.append("#SBATCH --open-mode=append")
     else:
         lines.append(f"#SBATCH --output={job}-%j.out")
         lines.append(f"#SBATCH --error={job}-%j.err")
+    # keep the log of the attempts before: a resume's, and a requeued job's first start (SLURM
+    # truncates --output by default, also when it runs a requeued job again)
+    lines.append("#SBATCH --open-mode=append")
     return "\n".join(lines) + "\n"
 
 
@@ -304,17 +305,24 @@ def sbatch_script(recipe: Recipe, options: SlurmOptions = SlurmOptions()) -> str
     """
     o = options
     gpus = o.gpus_per_node
-    argv = train_command(
-        ShellVar("RECIPE"), ShellVar("RUN_DIR"), python=ShellVar("PYTHON"),
-        num_processes=o.processes, cpu=gpus == 0, mixed_precision=MIXED_PRECISION[recipe.train.precision],
-        num_machines=o.nodes, machine_rank=ShellVar("SLURM_PROCID"),
-        main_process_ip=ShellVar("MAIN_PROCESS_IP"), main_process_port=ShellVar("MAIN_PROCESS_PORT"), resume=o.resume)
+
+    def command(resume: bool) -> str:
+        return shell_join(train_command(
+            ShellVar("RECIPE"), ShellVar("RUN_DIR"), python=ShellVar("PYTHON"),
+            num_processes=o.processes, cpu=gpus == 0, mixed_precision=MIXED_PRECISION[recipe.train.precision],
+            num_machines=o.nodes, machine_rank=ShellVar("SLURM_PROCID"),
+            main_process_ip=ShellVar("MAIN_PROCESS_IP"), main_process_port=ShellVar("MAIN_PROCESS_PORT"),
+            resume=resume))
+
     # Run by each task's own shell (single-quoted below, so its variables expand there). `trap ''
-    # TERM`: `scancel --signal=TERM` reaches every process of the step, and accelerate's
-    # single-process launcher would die at once, ending the step (SLURM then kills what is left)
-    # before the trainer has recorded `cancelled`. The launcher ignores TERM instead; the trainer
-    # installs its own handler and ends cleanly; a plain scancel (KILL) still ends everything.
-    per_node = f"trap '' TERM; exec {shell_join(argv)}"
+    # INT TERM`: a signal sent to the step (`scancel --signal=INT`: the workbench's cancel; SLURM's
+    # own TERM) reaches every process of it, and accelerate's launcher would die at once, ending
+    # the step (SLURM then kills what is left) before the trainer has written its last events. The
+    # launcher ignores both instead; the trainer installs its own handlers and ends cleanly (INT:
+    # `cancelled`; TERM: no final status, see WORKBENCH_SIGTERM below); KILL still ends everything.
+    # A requeued job (RESUME=1, see below) continues the run instead of starting it again.
+    per_node = ("trap '' INT TERM; " + (f"exec {command(True)}" if o.resume else
+                                        f'if [ "$RESUME" = 1 ]; then exec {command(True)}; fi; exec {command(False)}'))
     total_nodes = o.nodes + int(o.vllm_node)
     train_nodelist = ' --nodelist="$TRAIN_NODES"' if o.vllm_node else ""
     name = safe_name(recipe.name)
@@ -356,7 +364,18 @@ fi
 MAIN_PROCESS_IP="${{NODELIST[0]}}"
 MAIN_PROCESS_PORT="${{MAIN_PROCESS_PORT:-$((20000 + SLURM_JOB_ID % 20000))}}"
 TRAIN_NODES="$(IFS=,; echo "${{NODELIST[*]:0:{o.nodes}}}")"
-export PYTHON RUN_DIR RECIPE MAIN_PROCESS_IP MAIN_PROCESS_PORT
+# SLURM requeues a job after a node failure or a preemption (JobRequeue=1, sbatch --requeue) and
+# runs this script again under the same job id with SLURM_RESTART_COUNT > 0: a run that the job's
+# first start began (RUN_DIR/run.json) then continues from its newest checkpoint (`train --resume`).
+RESUME=0
+if (( ${{SLURM_RESTART_COUNT:-0}} > 0 )) && [[ -e "$RUN_DIR/run.json" ]]; then
+    RESUME=1
+    echo "requeued (restart $SLURM_RESTART_COUNT): continuing the run in $RUN_DIR from its newest checkpoint" >&2
+fi
+# SLURM's SIGTERM (scancel, time limit, node failure, preemption) is not the user's cancel: the
+# trainer stops without a final status and the job's final state says what happened.
+export WORKBENCH_SIGTERM=interrupt
+export PYTHON RUN_DIR RECIPE MAIN_PROCESS_IP MAIN_PROCESS_PORT RESUME
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{recipe.train.threads}}}"
 echo "run directory: $RUN_DIR; training nodes: $TRAIN_NODES; main process: $MAIN_PROCESS_IP:$MAIN_PROCESS_PORT" >&2
 {vllm}

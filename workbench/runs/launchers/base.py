@@ -238,13 +238,15 @@ def read_run_dir_events(run: dict) -> EventChunk:
                             run.get("events_inode"))
 
 
-def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple[str | None, str | None]:
+def status_from_exit_code(code: int, log_path: Path | None, where: str,
+                          ignore: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
     """``(status, error)`` of a trainer that ended with exit ``code`` without a final status event.
 
     0 -> ``(None, None)`` (a clean exit wrote its own final event); above 128 -> killed by signal
     ``code - 128``; otherwise the code and the last line of ``log_path`` (accelerate's launcher
     prints why its worker died there; None: no local log). ``where`` names the process, e.g.
-    ``"trainer process"`` or ``"remote trainer on ssh host 'gpu1'"``.
+    ``"trainer process"`` or ``"remote trainer on ssh host 'gpu1'"``. ``ignore``: prefixes of log
+    lines that are not the trainer's (e.g. SLURM's ``srun: error: ...`` after it).
     """
     if code == 0:
         return None, None
@@ -252,7 +254,7 @@ def status_from_exit_code(code: int, log_path: Path | None, where: str) -> tuple
         number = code - 128
         name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
         return "failed", f"{where} killed by {name} (exit code {code})"
-    last = _last_line(log_path) if log_path is not None else ""
+    last = _last_line(log_path, ignore=ignore) if log_path is not None else ""
     return "failed", f"{where} exited with code {code}" + (f": {last}" if last else "")
 
 
@@ -317,12 +319,13 @@ def _final_line(block: list[str]) -> str:
     return ""
 
 
-def _last_line(path: Path, max_bytes: int = 4096) -> str:
-    """The last non-empty line of a log (at most 500 characters of it)."""
+def _last_line(path: Path, max_bytes: int = 4096, ignore: tuple[str, ...] = ()) -> str:
+    """The last non-empty line of a log that starts with none of ``ignore`` (at most 500 characters of it)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, Path(path).stat().st_size - max_bytes))
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()
+                     if line.strip() and not line.strip().startswith(ignore)]
     except OSError:
         return ""
     return lines[-1][-500:] if lines else ""

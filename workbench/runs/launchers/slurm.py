@@ -8,12 +8,19 @@ and ``stdout.log``, and where this launcher reads them from (no streaming channe
   Settings.slurm defaults and this interpreter, then ``sbatch --parsable job.sbatch``. A resume
   submits a new job (``train --resume RUN_DIR``, log appended) for the same run and run dir; the
   handle then holds the new job id and the earlier attempts' ids (``previous_job_ids``).
-- alive: ``squeue -h -j ID -o %T`` while the job is known to the controller, then ``sacct``.
-- cancel: ``scancel --signal=TERM`` (the trainer writes ``cancelled`` and exits), then a plain
-  ``scancel`` after the grace period (SLURM's own TERM -> KILL sequence).
+- alive: ``squeue -h -j ID -o %T`` while the job waits or runs; once it has left the queue, its
+  final record (below). A job SLURM requeued (node failure, preemption) is PENDING again: alive,
+  and its script continues the run from the newest checkpoint when it starts again.
+- cancel: ``scancel --signal=INT`` to the job's steps (the trainer writes ``cancelled`` and exits),
+  then a plain ``scancel`` after the grace period (SLURM's own TERM -> KillWait -> KILL). TERM is
+  not the cancel signal here: SLURM sends it for its own reasons too (time limit, node failure,
+  preemption), and the sbatch script tells the trainer so (``WORKBENCH_SIGTERM=interrupt``: it
+  stops without a final status and the job's state decides).
 - read_events: bytes of ``run_dir/events.jsonl`` after the ingested offset.
-- exit_status: sacct's final State and ExitCode (a failed job: its exit code and the last line of
-  stdout.log, as for the other targets).
+- exit_status: the job's final JobState and ExitCode (a failed job: its exit code and the last
+  line of stdout.log before SLURM's own notices, as for the other targets), from ``scontrol show job`` while the controller
+  still holds the job (MinJobAge, 300 s by default, after it ended), else from ``sacct`` (a
+  cluster with accounting, slurmdbd). A cluster without accounting answers only the former.
 
 The allocation (nodes, GPUs per node, time, partition, account) comes from the settings' slurm
 section; the number of processes follows from it (nodes x GPUs per node).
@@ -37,11 +44,15 @@ COMMAND_TIMEOUT_S = 30
 # squeue / sacct job states (squeue(1) "JOB STATE CODES"): these mean the job still holds or waits for nodes.
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
-# final sacct states -> the run status they imply when the trainer wrote no final event itself
+# final job states -> the run status they imply when the trainer wrote no final event itself
 # (FAILED with a non-zero ExitCode is explained by the exit code instead, see exit_status)
 FINAL_STATES = {"COMPLETED": None, "CANCELLED": "cancelled", "FAILED": "failed", "TIMEOUT": "failed",
                 "OUT_OF_MEMORY": "failed", "NODE_FAIL": "failed", "PREEMPTED": "failed", "BOOT_FAIL": "failed",
                 "DEADLINE": "failed", "REVOKED": "failed"}
+
+# what SLURM itself writes into the job's output after the trainer's last line (srun's and
+# slurmstepd's notices): not the reason the trainer gave
+SLURM_LOG_LINES = ("srun: ", "slurmstepd: ", "slurmstepd-")
 
 
 class _NoAnswer(LaunchError):
@@ -68,11 +79,21 @@ def _first_word(text: str) -> str:
 
 
 def _exit_code(field: str) -> int | None:
-    """sacct's ExitCode 'CODE:SIGNAL' as a shell exit status: '1:0' -> 1, '0:9' -> 137; None if unreadable."""
+    """SLURM's ExitCode 'CODE:SIGNAL' as a shell exit status: '1:0' -> 1, '0:9' -> 137; None if unreadable."""
     code, _, sig = field.strip().partition(":")
     if not (code.isdigit() and sig.isdigit()):
         return None
     return 128 + int(sig) if int(sig) else int(code)
+
+
+def _key_values(text: str) -> dict[str, str]:
+    """``scontrol show job -o``'s KEY=VALUE words as a dict (the first of a repeated key wins)."""
+    record: dict[str, str] = {}
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            record.setdefault(key, value)
+    return record
 
 
 def _previous_job_ids(run: dict) -> list[str]:
@@ -84,7 +105,7 @@ def _previous_job_ids(run: dict) -> list[str]:
 
 @LAUNCHERS.register("slurm")
 class SlurmLauncher(Launcher):
-    """``sbatch`` of the exported script; the job is followed with squeue / sacct."""
+    """``sbatch`` of the exported script; the job is followed with squeue / scontrol / sacct."""
 
     scheme = "slurm"
     label = "SLURM (sbatch)"
@@ -165,7 +186,26 @@ class SlurmLauncher(Launcher):
             return _first_word(q.stdout)
         if q.returncode != 0 and "invalid job id" not in (q.stderr + q.stdout).lower():
             return None  # the controller did not answer: neither alive nor gone for sure
-        return self._accounting(run)[0]  # gone from the queue: accounting knows how it ended
+        return self._final(run)[0]  # gone from the queue: how did it end?
+
+    def _final(self, run: dict) -> tuple[str, int | None]:
+        """(State word, exit code) of a job that left the queue: the controller's record while it
+        holds one, else accounting's; ('', None) when neither knows the job."""
+        state, code = self._controller_record(run)
+        return (state, code) if state else self._accounting(run)
+
+    def _controller_record(self, run: dict) -> tuple[str, int | None]:
+        """(JobState, exit code) from ``scontrol show job -o ID``; ('', None) when the controller
+        does not hold the job (never had it, or forgot it MinJobAge after it ended) or cannot answer."""
+        job_id = (run.get("handle") or {}).get("job_id")
+        try:
+            s = _run(["scontrol", *self._cluster_args(run), "show", "job", "-o", job_id], timeout=self.command_timeout)
+        except LaunchError:
+            return "", None
+        if s.returncode != 0:
+            return "", None
+        record = _key_values(s.stdout)
+        return _first_word(record.get("JobState", "")), _exit_code(record.get("ExitCode", ""))
 
     def _accounting(self, run: dict) -> tuple[str, int | None]:
         """(State word, exit code) of the job's allocation from sacct (-X: not its steps);
@@ -188,17 +228,20 @@ class SlurmLauncher(Launcher):
         return state in ACTIVE_STATES
 
     def exit_status(self, run: dict) -> tuple[str | None, str | None]:
-        """After the job is gone and the trainer wrote no final event: (status, error) from sacct."""
+        """After the job is gone and the trainer wrote no final event: (status, error) from the
+        job's final state (controller, else accounting)."""
         job_id = (run.get("handle") or {}).get("job_id")
         if not job_id:
             return None, None
-        state, code = self._accounting(run)
+        state, code = self._final(run)
         if state == "FAILED" and code:  # the batch script exits with the trainer's status
-            return status_from_exit_code(code, Path(run["run_dir"]) / STDOUT_FILE, f"SLURM job {job_id}")
+            return status_from_exit_code(code, Path(run["run_dir"]) / STDOUT_FILE, f"SLURM job {job_id}",
+                                         ignore=SLURM_LOG_LINES)
         status = FINAL_STATES.get(state)
         if status is None:
             return None, None
         return status, f"SLURM job {job_id} ended {state}; see stdout.log in the run directory"
+
     def cancel(self, run: dict, grace_s: float = 10.0) -> None:
         job_id = (run.get("handle") or {}).get("job_id")
         state = self.state(run)
@@ -207,8 +250,8 @@ class SlurmLauncher(Launcher):
         if state == "PENDING":  # nothing runs yet, a signal has no process to reach
             self._scancel(run, [])
             return
-        # TERM to the job's steps: the trainer records `cancelled` and exits 130.
-        self._scancel(run, ["--signal=TERM"])
+        # INT to the job's steps: the trainer records `cancelled` and exits 130.
+        self._scancel(run, ["--signal=INT"])
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if self.alive(run) is False:
