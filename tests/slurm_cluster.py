@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers import missing_component
+from workbench.runs.launchers.slurm import scontrol_record  # the launcher's own reader of `scontrol show job -o`
 
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge")
 PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
@@ -65,16 +66,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def parse_job(text: str) -> dict[str, str]:
-    """``scontrol show job -o`` (one line of KEY=VALUE words) as a dict; the first of a repeated key wins."""
-    record: dict[str, str] = {}
-    for word in text.split():
-        key, sep, value = word.partition("=")
-        if sep:
-            record.setdefault(key, value)
-    return record
-
-
 @dataclass
 class SlurmCluster:
     """A running cluster: its config, node names (in SLURM's order) and the daemons this fixture started."""
@@ -99,7 +90,7 @@ class SlurmCluster:
     def job(self, job_id: str) -> dict[str, str]:
         """The controller's record of a job ({} once it has forgotten it)."""
         done = self.run("scontrol", "show", "job", "-o", str(job_id), check=False)
-        return parse_job(done.stdout) if done.returncode == 0 else {}
+        return scontrol_record(done.stdout) if done.returncode == 0 else {}
 
     def wait_job(self, job_id: str, predicate, timeout: float = 60.0, what: str = "the expected state") -> dict[str, str]:
         """Poll the job's record until ``predicate(record)``; AssertionError after ``timeout``."""

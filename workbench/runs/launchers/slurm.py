@@ -86,7 +86,7 @@ def _exit_code(field: str) -> int | None:
     return 128 + int(sig) if int(sig) else int(code)
 
 
-def _key_values(text: str) -> dict[str, str]:
+def scontrol_record(text: str) -> dict[str, str]:
     """``scontrol show job -o``'s KEY=VALUE words as a dict (the first of a repeated key wins)."""
     record: dict[str, str] = {}
     for word in text.split():
@@ -204,7 +204,7 @@ class SlurmLauncher(Launcher):
             return "", None
         if s.returncode != 0:
             return "", None
-        record = _key_values(s.stdout)
+        record = scontrol_record(s.stdout)
         return _first_word(record.get("JobState", "")), _exit_code(record.get("ExitCode", ""))
 
     def _accounting(self, run: dict) -> tuple[str, int | None]:
