@@ -6,7 +6,8 @@ as root (PostgreSQL refuses to run as root; the dir is handed to that user), as 
 otherwise. ``fsync=off``: a test cluster is thrown away, and syncing made each test database
 cost ~0.5 s. Each test gets a database of its own (``CREATE DATABASE``, ~0.1 s) so tests stay
 independent; the server is started once per session and stopped at its end
-(``pg_ctl stop -m immediate``: the cluster is thrown away, so nothing needs a clean checkpoint).
+(``pg_ctl stop -m immediate``: the cluster is thrown away, so nothing needs a clean checkpoint),
+or by a detached watcher once the test process is gone (a session killed before its teardown).
 
 If the server binaries are missing they are installed with apt-get when running as root;
 otherwise the tests skip locally and FAIL under ``CI=true`` (``tests.helpers.missing_component``).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import glob
 import itertools
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -119,4 +121,16 @@ def start_postgres() -> PostgresServer:
     if start.returncode != 0:
         server.stop()
         pytest.fail(f"pg_ctl start failed: {start.stderr[-1000:]} {log.read_text()[-2000:] if log.exists() else ''}")
+    _stop_when_gone(server, os.getpid())
     return server
+
+
+def _stop_when_gone(server: PostgresServer, pid: int) -> None:
+    """A detached watcher that stops the server and removes its dir once process ``pid`` (this
+    test session) is gone: a session killed before its teardown (a CI timeout, SIGKILL) must not
+    leave a server running."""
+    stop = shlex.join([*server.as_user, str(server.bin_dir / "pg_ctl"), "-D", str(server.data_dir), "-m", "immediate",
+                       "-w", "stop"])
+    watch = f"while kill -0 {pid} 2>/dev/null; do sleep 2; done; {stop}; rm -rf {shlex.quote(str(server.workdir))}"
+    subprocess.Popen(["sh", "-c", watch], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
