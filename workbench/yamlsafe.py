@@ -52,10 +52,15 @@ def short(value: Any, limit: int = SHOWN_CHARS) -> str:
     if isinstance(value, (dict, list, tuple)) and not _small(value):
         return f"<a {type(value).__name__} of {len(value)} items>"
     try:
-        text = repr(value)
+        text = _URL_CREDENTIALS.sub(r"\1***@", repr(value))
     except ValueError:  # a container holding a huge integer
         return f"<a {type(value).__name__} of {len(value)} items>"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+# the user[:password]@ of a URL: an error that repeats a refused value never shows a credential
+# (the one line goes to a terminal, a page, a log)
+_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s/@'\"]+@")
 
 
 def _small(value: Any, budget: int = 10_000) -> bool:

@@ -305,7 +305,17 @@ def test_a_bad_tracker_field_is_one_line_through_the_cli_and_leaves_nothing(tmp_
 
     res = cli(tmp_path, "train", "grpo", "--set", item, "--run-dir", str(tmp_path / "run"))
     assert_one_line_error(res, item.split("=", 1)[0], expected)
+    assert "s3cret" not in res.stdout + res.stderr  # a refused URL is repeated without its password
     assert not (tmp_path / "run").exists() and leftovers(tmp_path) == []
+
+
+def test_no_error_repeats_the_credentials_of_a_url():
+    """Every value an error shows goes through ``short``: a URL's user:password@ is masked there."""
+    from workbench.yamlsafe import short
+
+    assert short("https://me:s3cret@mlflow.lab:5000/x") == "'https://***@mlflow.lab:5000/x'"
+    assert short({"a": ["postgresql://wb:pw@db/wb"]}) == "{'a': ['postgresql://***@db/wb']}"
+    assert short("ada@lab.org") == "'ada@lab.org'"  # an email is no URL
 
 
 @pytest.mark.parametrize("item", ["logging.project=..", "logging.project=-x", f"logging.project={'p' * 129}",
