@@ -13,6 +13,8 @@ What is proven:
 """
 
 import importlib.metadata
+import sys
+import types
 
 import pytest
 import torch
@@ -58,7 +60,19 @@ def engine(tiny_path):
     backend.close()
 
 
-def test_building_the_engine_keeps_threads_and_rng(tiny_path):
+class ContextBoundProxy:
+    """Like Flask's ``current_app`` outside an app context: reading any attribute raises RuntimeError."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError("Working outside of application context.")
+
+
+def test_building_the_engine_keeps_threads_and_rng(tiny_path, monkeypatch):
+    """Also beside a module holding a context-bound proxy (MLflow brings Flask's): vLLM's kernel
+    scan probes every module attribute and died of it; the module is still imported afterwards."""
+    holder = types.ModuleType("holds_a_context_bound_proxy")
+    holder.current_app = ContextBoundProxy()
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
     torch.set_num_threads(1)
     set_threads = torch.set_num_threads
     torch.manual_seed(123)
@@ -68,6 +82,7 @@ def test_building_the_engine_keeps_threads_and_rng(tiny_path):
     try:
         assert torch.equal(torch.rand(3), expected)
         assert torch.set_num_threads is set_threads and torch.get_num_threads() == 1
+        assert sys.modules[holder.__name__] is holder
         # precision bf16: the engine computes in bf16 from the fp32 policy's weights; its log-probs
         # carry bf16 rounding (8 mantissa bits on logits of magnitude ~10: a few 1e-2 at most)
         assert backend.dtype == torch.bfloat16

@@ -31,6 +31,7 @@ import gc
 import logging
 import os
 import random
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -76,6 +77,35 @@ def preserved_process_state() -> Iterator[None]:
         np.random.set_state(np_state)
 
 
+def _raises_when_probed(value: object) -> bool:
+    """Whether ``hasattr(value, "__dict__")`` raises (not just answers False)."""
+    try:
+        hasattr(value, "__dict__")
+    except Exception:  # noqa: BLE001 - any error is what the scan below would die of
+        return True
+    return False
+
+
+@contextmanager
+def modules_safe_for_the_kernel_scan() -> Iterator[None]:
+    """Hide, while the engine starts, every module holding a value that raises when probed.
+
+    vLLM's CPU worker rebinds its Triton kernels by scanning every module in ``sys.modules`` and
+    calling ``hasattr(value, "__dict__")`` on each attribute (``vllm/triton_utils/dispatcher.py``,
+    ``_rebind_kernels``). A context-bound proxy such as Flask's ``current_app`` (imported with
+    MLflow's or any Flask app's modules) raises RuntimeError there, not AttributeError, and the
+    engine fails to start. Such modules hold no kernel; they leave ``sys.modules`` for the start
+    and come back unchanged after it."""
+    hidden = {name: module for name, module in list(sys.modules.items())
+              if any(_raises_when_probed(v) for v in list((getattr(module, "__dict__", None) or {}).values()))}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 class _DropRotaryReloadWarning(logging.Filter):
     """vLLM warns on every in-place reload that RotaryEmbedding "failed to load weights": its
     cos/sin cache is computed, not a checkpoint tensor, and is kept as it is (harmless)."""
@@ -118,7 +148,7 @@ class VLLMRollout:
         self._owns_process_group = not torch.distributed.is_initialized()
         self._SamplingParams = vllm.SamplingParams
         kwargs = {} if not torch.cuda.is_available() else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
-        with preserved_process_state():
+        with preserved_process_state(), modules_safe_for_the_kernel_scan():
             self.llm = vllm.LLM(
                 model=str(model_path),
                 dtype=VLLM_DTYPES[precision],
