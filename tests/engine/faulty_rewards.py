@@ -1,6 +1,8 @@
 """Reward functions that misbehave on purpose (referenced by import path in the tests)."""
 
 import math
+import os
+from pathlib import Path
 
 
 def raises_at_step_2(prompts, completions, completion_ids=None, trainer_state=None, **kwargs):
@@ -23,12 +25,11 @@ def overflowing_at_step_2(prompts, completions, completion_ids=None, trainer_sta
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]
 
 
-_FAILED_ONCE: set[str] = set()
-
-
 def raises_once_at_step_2(prompts, completions, completion_ids=None, trainer_state=None, **kwargs):
-    """Raises the first time it sees step 2 in this process (a crash that a resume gets past)."""
-    if trainer_state and trainer_state["step"] == 2 and "step 2" not in _FAILED_ONCE:
-        _FAILED_ONCE.add("step 2")
+    """Raises the first time any process sees step 2 (a crash that a resume, in this process or
+    another, gets past): the file named by ``WB_TEST_FAILED_ONCE`` records that it did."""
+    marker = Path(os.environ["WB_TEST_FAILED_ONCE"])
+    if trainer_state and trainer_state["step"] == 2 and not marker.exists():
+        marker.write_text("step 2")
         raise ZeroDivisionError("boom in the reward, once")
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, kwargs["answer"])]

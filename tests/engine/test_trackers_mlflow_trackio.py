@@ -17,6 +17,7 @@ mlflow / trackio missing (requirements-dev.txt): these tests fail under CI=true,
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
 import signal
@@ -31,6 +32,7 @@ import pytest
 
 from tests.engine.test_trainer import metrics_of
 from tests.helpers import missing_component
+from tests.test_cli import REPO
 from workbench.engine.trackers import FINAL_MODEL_TAG, HOST_TAG, mlflow_metric_name
 from workbench.engine.trainer import Trainer, tracker_config
 from workbench.recipe import load_recipe
@@ -57,12 +59,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tracker_recipe(few_problems, *overrides: str):
+def tracker_items(few_problems, *overrides: str) -> list[str]:
     """Four steps on four problems, with held-out eval at steps 0 and 2 (so ``eval/pass@1`` and
     ``eval/pass@k``, names MLflow refuses as they are, reach the tracker)."""
-    return load_recipe("grpo", [f"dataset={few_problems}", f"train.steps={STEPS}", f"logging.project={PROJECT}",
-                                f"eval.dataset={few_problems}", "eval.every=2", "eval.num_prompts=2", "eval.pass_k=2",
-                                *overrides])
+    return [f"dataset={few_problems}", f"train.steps={STEPS}", f"logging.project={PROJECT}", f"eval.dataset={few_problems}",
+            "eval.every=2", "eval.num_prompts=2", "eval.pass_k=2", *overrides]
+
+
+def tracker_recipe(few_problems, *overrides: str):
+    return load_recipe("grpo", tracker_items(few_problems, *overrides))
 
 
 def numeric_series(events: list[dict]) -> dict[str, list[tuple[int, float]]]:
@@ -199,37 +204,56 @@ def test_a_failed_run_ends_its_mlflow_run_failed_without_a_policy_link(wb_home, 
 
 
 # -- trackio -----------------------------------------------------------------------------------------
+# trackio reads TRACKIO_DIR once, at its first import, and importing TRL (other tests do) imports it:
+# so the trackio runs train in processes of their own (`python -m workbench train`, as a launcher
+# runs them) and the store is read back by tests/engine/trackio_probe.py in another.
+TRAIN_S = 900  # a 4-step tiny run with eval took ~40 s here; a loaded 2-core CI machine is slower
+
+
+def tracker_process_env(wb_home: Path, trackio_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
+    return {**env, "WORKBENCH_HOME": str(wb_home), "PYTHONPATH": str(REPO), "TRACKIO_DIR": str(trackio_dir), **extra}
+
+
+def train_in_a_process(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", "train", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=TRAIN_S)
+
+
+def trackio_record(trackio_dir: Path, project: str) -> dict:
+    """What trackio's Api and store hold for ``project`` (see trackio_probe.py)."""
+    res = subprocess.run([sys.executable, str(Path(__file__).with_name("trackio_probe.py")), project], cwd=REPO,
+                         env=tracker_process_env(trackio_dir.parent, trackio_dir), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    record = json.loads(res.stdout)
+    assert Path(record["trackio_dir"]) == trackio_dir
+    return record
+
+
 @pytest.fixture(scope="module")
-def trackio_store(tmp_path_factory, tracker_env):
-    """A trackio store in a temp dir (TRACKIO_DIR, which trackio reads once, at import)."""
-    store = tmp_path_factory.mktemp("trackio-store")
-    tracker_env.setenv("TRACKIO_DIR", str(store))
-    if "trackio" in sys.modules and Path(sys.modules["trackio"].utils.TRACKIO_DIR) != store:
-        pytest.fail("trackio was imported before this module set TRACKIO_DIR; its store is elsewhere")
-    trackio = require("trackio")
-    assert Path(trackio.utils.TRACKIO_DIR) == store
-    return store
+def trackio_store(tmp_path_factory):
+    """A trackio store in a temp dir, given to each process as TRACKIO_DIR."""
+    require("trackio")
+    return tmp_path_factory.mktemp("trackio-store")
 
 
 @pytest.fixture(scope="module")
 def trackio_run(wb_home, few_problems, trackio_store, tmp_path_factory):
     """(run dir, recipe, trackio's record of the run) of a finished run that logged to trackio."""
-    import trackio
-
-    run_dir = tmp_path_factory.mktemp("trackio-run")
-    recipe = tracker_recipe(few_problems, "logging.log_with=[trackio]")
-    assert Trainer(recipe, run_dir).run() == "finished"
-    runs = list(trackio.Api().runs(PROJECT))
-    assert [r.name for r in runs] == [run_dir.name]
+    run_dir = tmp_path_factory.mktemp("trackio-run") / "run-trackio"
+    res = train_in_a_process(tracker_process_env(wb_home, trackio_store), "grpo",
+                             *[a for item in tracker_items(few_problems, "logging.log_with=[trackio]") for a in ("--set", item)], "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr[-3000:]
+    recipe = load_recipe(str(run_dir / "recipe.yaml"))
+    runs = trackio_record(trackio_store, PROJECT)["runs"]
+    assert [r["name"] for r in runs] == [run_dir.name]
     return run_dir, recipe, runs[0]
 
 
 def test_trackio_holds_every_metric_of_the_event_stream_step_for_step(trackio_run):
-    from trackio.sqlite_storage import SQLiteStorage
-
     run_dir, _, run = trackio_run
     series = numeric_series(metrics_of(run_dir))
-    logs = SQLiteStorage.get_logs(PROJECT, run.name, run_id=run.id)
+    logs = run["logs"]
     assert {name for row in logs for name in row} - {"step", "timestamp"} == set(series)
     for name, expected in series.items():
         stored = [(row["step"], row[name]) for row in logs if name in row]
@@ -239,18 +263,16 @@ def test_trackio_holds_every_metric_of_the_event_stream_step_for_step(trackio_ru
 
 def test_trackio_holds_the_recipe_as_its_config(trackio_run):
     _, recipe, run = trackio_run
-    own = {k: v for k, v in run.config.items() if not k.startswith("_")}  # trackio's _Username, _Created, _Group
-    assert own == tracker_config(recipe.to_dict())
+    own = {k: v for k, v in run["config"].items() if not k.startswith("_")}  # trackio's _Username, _Created, _Group
+    assert own == json.loads(json.dumps(tracker_config(recipe.to_dict()), default=str))
 
 
 def test_trackio_links_the_final_policy_as_a_reference_artifact(trackio_run):
-    from trackio.sqlite_storage import SQLiteStorage
-
     run_dir, _, run = trackio_run
     final = (run_dir / "final").resolve()
-    (output,) = SQLiteStorage.get_run_artifacts(PROJECT, run.name, run.id)["output"]
+    (output,) = run["output"]
     assert (output["name"], output["type"]) == (f"policy-{run_dir.name}", "model")
-    artifact = SQLiteStorage.get_artifact_manifest(PROJECT, output["name"], f"v{output['version']}")
+    artifact = run["manifests"][f"{output['name']}:v{output['version']}"]
     assert artifact["producer_run_name"] == run_dir.name
     assert artifact["metadata"] == {FINAL_MODEL_TAG: final.as_uri(), HOST_TAG: socket.gethostname()}
     files = sorted(p.name for p in final.iterdir())
@@ -261,20 +283,21 @@ def test_trackio_links_the_final_policy_as_a_reference_artifact(trackio_run):
 # -- both, across a resume ---------------------------------------------------------------------------
 def test_a_resumed_run_continues_its_mlflow_and_trackio_runs(wb_home, few_problems, mlflow_server, trackio_store, tmp_path):
     """A checkpoint every step, and a reward that raises once, at step 2: the run fails, then
-    ``resume`` continues it from its step-1 checkpoint to the end. Each tracker holds one run of
-    that name with every step 0-3 exactly as the event stream holds it; MLflow's ends FINISHED
-    with the final-policy link, trackio's has its artifact."""
-    import trackio
+    ``train --resume`` (another process) continues it from its step-1 checkpoint to the end. Each
+    tracker holds one run of that name with every step 0-3 exactly as the event stream holds it;
+    MLflow's ends FINISHED with the final-policy link, trackio's has its artifact."""
     from mlflow import MlflowClient
-    from trackio.sqlite_storage import SQLiteStorage
 
     project = "wb-trackers-resumed"
-    recipe = load_recipe("grpo", [f"dataset={few_problems}", "train.steps=4", "checkpoint.every=1", "checkpoint.keep_last=2",
-                                  f"logging.project={project}", "reward_funcs=['tests.engine.faulty_rewards:raises_once_at_step_2']",
-                                  "logging.log_with=[mlflow, trackio]", f"logging.mlflow_tracking_uri={mlflow_server}"])
     run_dir = tmp_path / "run"
-    assert Trainer(recipe, run_dir).run() == "failed"
-    assert Trainer(recipe, run_dir, resume=True).run() == "finished"
+    env = tracker_process_env(wb_home, trackio_store, WB_TEST_FAILED_ONCE=str(tmp_path / "failed-once"))
+    sets = ["train.steps=4", "checkpoint.every=1", "checkpoint.keep_last=2", f"logging.project={project}",
+            "reward_funcs=['tests.engine.faulty_rewards:raises_once_at_step_2']", "logging.log_with=[mlflow, trackio]",
+            f"logging.mlflow_tracking_uri={mlflow_server}", f"dataset={few_problems}"]
+    failed = train_in_a_process(env, "grpo", *[a for item in sets for a in ("--set", item)], "--run-dir", str(run_dir))
+    assert failed.returncode != 0 and (tmp_path / "failed-once").exists(), failed.stderr[-3000:]
+    resumed = train_in_a_process(env, "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     series = numeric_series(metrics_of(run_dir))
     assert [step for step, _ in series["reward"]] == list(range(4))
 
@@ -286,12 +309,11 @@ def test_a_resumed_run_continues_its_mlflow_and_trackio_runs(wb_home, few_proble
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, mlflow_metric_name(name)))
         assert same_points(history, expected), (name, history, expected)
 
-    (tracked,) = trackio.Api().runs(project)
-    assert tracked.name == "run"
-    logs = SQLiteStorage.get_logs(project, tracked.name, run_id=tracked.id)
+    (tracked,) = trackio_record(trackio_store, project)["runs"]
+    assert tracked["name"] == "run"
     for name, expected in series.items():
-        assert same_points([(row["step"], row[name]) for row in logs if name in row], expected), name
-    assert [a["name"] for a in SQLiteStorage.get_run_artifacts(project, tracked.name, tracked.id)["output"]] == ["policy-run"]
+        assert same_points([(row["step"], row[name]) for row in tracked["logs"] if name in row], expected), name
+    assert [a["name"] for a in tracked["output"]] == ["policy-run"]
 
 
 # -- the recipe fields ---------------------------------------------------------------------------
