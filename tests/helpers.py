@@ -1,5 +1,8 @@
 """Small assertion helpers shared by the tests."""
 
+import tempfile
+from pathlib import Path
+
 import torch
 
 
@@ -28,6 +31,41 @@ def missing_component(reason: str) -> None:
     if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+APT_LOCK = Path(tempfile.gettempdir()) / "workbench-tests-apt.lock"
+
+
+def apt_install(packages: list[str], installed) -> str | None:
+    """Install Debian ``packages`` with apt-get (as root, or through ``sudo -n``) unless
+    ``installed()`` already holds; None when it holds afterwards, else why not (for
+    ``missing_component``). One install at a time across test processes (``make test`` runs two
+    partitions side by side): a file lock here, and apt's own lock waited for, not failed on.
+    A failed install refreshes the package lists once and tries again (stale lists)."""
+    import fcntl
+    import os
+    import shutil
+    import subprocess
+
+    if installed():
+        return None
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None or shutil.which("apt-get") is None:
+        return f"{' '.join(packages)} missing, and this machine cannot apt-get install them (needs root or sudo, and apt-get)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    wait_for_apt = ["-o", "DPkg::Lock::Timeout=900"]
+    install = [*sudo, "apt-get", *wait_for_apt, "install", "-y", "--no-install-recommends", *packages]
+    with APT_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed():  # the other partition installed them while this one waited
+            return None
+        done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=1200)
+        if done.returncode != 0:
+            subprocess.run([*sudo, "apt-get", *wait_for_apt, "update"], env=env, capture_output=True, timeout=900)
+            done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=1200)
+    if installed():
+        return None
+    return f"apt-get install {' '.join(packages)} failed: {done.stderr[-1000:]}"
 
 
 def live_processes() -> dict[int, dict]:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import missing_component
+from tests.helpers import apt_install, missing_component
 from workbench.runs.launchers.slurm import scontrol_record  # the launcher's own reader of `scontrol show job -o`
 
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge")
@@ -45,19 +45,9 @@ def _installed() -> bool:
 
 def ensure_slurm() -> None:
     """SLURM's daemons and clients are on this machine (installed with apt-get if root and missing)."""
-    if _installed():
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        _missing("SLURM is not installed and it cannot be installed here (needs root and apt-get): "
-                 f"apt-get install {' '.join(PACKAGES)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:  # stale package lists: refresh once
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    if not _installed():
-        _missing(f"installing {' '.join(PACKAGES)} failed: {done.stderr[-1000:]}")
+    problem = apt_install(list(PACKAGES), _installed)
+    if problem:
+        _missing(problem)
 
 
 def free_port() -> int:

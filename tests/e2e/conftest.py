@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import home_with_tiny_model, missing_component
+from tests.helpers import apt_install, home_with_tiny_model, missing_component
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -27,17 +27,7 @@ PASSWORD = "e2e-s3cret"
 
 def _install_chromium() -> str | None:
     """apt-get install chromium when we can; returns why not, or None when it is there."""
-    if Path(CHROMIUM).exists():
-        return None
-    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
-    if sudo is None:
-        return f"{CHROMIUM} is missing and neither root nor sudo is available to apt-get install chromium"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]):
-        done = subprocess.run(sudo + cmd, env=env, capture_output=True, text=True)
-        if done.returncode:
-            return f"{' '.join(cmd)} failed: {done.stderr[-500:]}"
-    return None if Path(CHROMIUM).exists() else f"apt-get installed chromium but {CHROMIUM} is still missing"
+    return apt_install(["chromium"], lambda: Path(CHROMIUM).exists())
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import missing_component
+from tests.helpers import apt_install, missing_component
 from tests.runs.sshd import free_port
 
 SERVER_USER = "postgres"  # the Debian package's system user, who runs the server when we are root
@@ -48,18 +48,10 @@ def ensure_postgres() -> Path:
     bin_dir = _bin_dir()
     if bin_dir is not None:
         return bin_dir
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        missing_component("PostgreSQL is required: its server is not installed and cannot be installed here "
-                          "(needs root and apt-get): apt-get install postgresql")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:  # stale package lists: refresh once
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
+    problem = apt_install(["postgresql"], lambda: _bin_dir() is not None)
+    if problem:
+        missing_component(f"PostgreSQL is required: {problem}")
     bin_dir = _bin_dir()
-    if bin_dir is None:
-        missing_component(f"PostgreSQL is required: installing it failed: {done.stderr[-1000:]}")
     return bin_dir
 
 

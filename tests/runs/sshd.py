@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import missing_component
+from tests.helpers import apt_install, missing_component
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
@@ -36,19 +36,11 @@ def ensure_sshd() -> str:
     for path in SSHD_CANDIDATES:
         if os.access(path, os.X_OK):
             return path
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        _missing("sshd is not installed and it cannot be installed here (needs root and apt-get): "
-                 "apt-get install openssh-server")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "openssh-server", "openssh-client"]
-    done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:  # stale package lists: refresh once
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-        done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    for path in SSHD_CANDIDATES:
-        if os.access(path, os.X_OK):
-            return path
-    _missing(f"installing openssh-server failed: {done.stderr[-1000:]}")
+    problem = apt_install(["openssh-server", "openssh-client"],
+                          lambda: any(os.access(path, os.X_OK) for path in SSHD_CANDIDATES))
+    if problem:
+        _missing(problem)
+    return next(path for path in SSHD_CANDIDATES if os.access(path, os.X_OK))
 
 
 def free_port() -> int:
