@@ -151,7 +151,8 @@ def test_principal_roles_and_the_local_principal():
 def test_the_cli_acts_as_the_local_user_with_role_admin(full_queue, tmp_path):
     """`runs cancel` / `runs delete` of a run someone else launched work from the CLI (the local
     OS user is admin of the local store), and what the CLI launches is that user's."""
-    import getpass
+    import os
+    import pwd
 
     store = full_queue
     _seed(store, store.path.parent, "theirs", "queued", owner="someone-else")
@@ -162,7 +163,7 @@ def test_the_cli_acts_as_the_local_user_with_role_admin(full_queue, tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "deleted theirs", res.stderr
     res = cli(tmp_path, "launch", "grpo", "--set", "train.steps=1")
     assert res.returncode == 0, res.stderr
-    assert store.get_run(res.stdout.strip()).created_by == getpass.getuser()
+    assert store.get_run(res.stdout.strip()).created_by == pwd.getpwuid(os.geteuid()).pw_name
 
 
 @pytest.mark.parametrize("action", list(RUN_ACTIONS))

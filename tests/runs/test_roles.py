@@ -170,9 +170,10 @@ def test_server_store_is_told_by_the_url_scheme(url, server):
 
 
 def test_cli_is_admin_on_the_local_file_and_mapped_on_a_server_store(tmp_path):
-    import getpass
+    import os
+    import pwd
 
-    user = getpass.getuser()
+    user = pwd.getpwuid(os.geteuid()).pw_name
     save_settings(Settings(roles=RoleMapping(cli_roles={user: "viewer", "ops": "admin"})), tmp_path)
     local = cli_principal({}, tmp_path)
     assert (local.name, local.role, local.auth) == (user, "admin", LOCAL_AUTH)
@@ -185,6 +186,19 @@ def test_cli_is_admin_on_the_local_file_and_mapped_on_a_server_store(tmp_path):
     with pytest.raises(SettingsError, match="x='boss' is not allowed"):
         cli_principal({"WORKBENCH_DB": "postgresql://db/wb"}, tmp_path)
     assert cli_principal({}, tmp_path).role == "admin"  # the local file never reads the mapping
+
+
+def test_the_cli_user_is_the_kernels_not_the_environments(tmp_path, monkeypatch):
+    """$USER / $LOGNAME are the caller's to set: they must not borrow another user's role."""
+    import os
+    import pwd
+
+    real = pwd.getpwuid(os.geteuid()).pw_name
+    save_settings(Settings(roles=RoleMapping(cli_roles={"ops": "admin"})), tmp_path)
+    for name in ("USER", "LOGNAME", "LNAME", "USERNAME"):
+        monkeypatch.setenv(name, "ops")
+    principal = cli_principal({"WORKBENCH_DB": "postgresql://db/wb"}, tmp_path)
+    assert (principal.name, principal.role) == (real, "member")
 
 
 def test_a_cli_member_on_a_server_store_cannot_cancel_another_users_run(tmp_path, monkeypatch):

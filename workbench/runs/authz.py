@@ -25,7 +25,8 @@ impersonation: give people their own admin password, or an identity provider (is
 
 from __future__ import annotations
 
-import getpass
+import os
+import pwd
 from dataclasses import dataclass
 from workbench.runs.records import Run, RunError
 
@@ -77,11 +78,14 @@ class Principal:
 
 
 def local_user_name() -> str:
-    """The OS user running this process ("local" where the system cannot say)."""
+    """The OS user running this process: the passwd name of its effective uid, as the kernel
+    knows it. Not ``getpass.getuser()``, which believes ``$USER`` / ``$LOGNAME``: on a shared
+    store ``USER=ops workbench runs cancel ...`` would borrow the role ``roles.cli_roles`` gives
+    ``ops``. A uid without a passwd entry is named ``uid-N``."""
     try:
-        return getpass.getuser() or "local"
-    except (OSError, KeyError):
-        return "local"
+        return pwd.getpwuid(os.geteuid()).pw_name or f"uid-{os.geteuid()}"
+    except KeyError:
+        return f"uid-{os.geteuid()}"
 
 
 def local_principal() -> Principal:

@@ -8,7 +8,7 @@
     collect [--interval S] [--once]
     import PATH [--format F] [--config FILE] [--group G] [--arm A] [--seed S] [--name N] [--tag T] [--notes TEXT]
 
-Who acts: the CLI acts as the local OS user (``getpass``; ``workbench.runs.roles.cli_principal``).
+Who acts: the CLI acts as the local OS user (the passwd name of its uid; ``workbench.runs.roles.cli_principal``).
 On the local store file of the workbench home it is an admin: that user can read and write the
 file directly, so a lesser role would protect nothing. On a server database (``WORKBENCH_DB`` a
 non-sqlite URL) the store is shared: the CLI's role is the settings' ``roles.cli_roles`` entry
