@@ -6,6 +6,7 @@ errors for a bad mapping."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -199,6 +200,18 @@ def test_the_cli_user_is_the_kernels_not_the_environments(tmp_path, monkeypatch)
         monkeypatch.setenv(name, "ops")
     principal = cli_principal({"WORKBENCH_DB": "postgresql://db/wb"}, tmp_path)
     assert (principal.name, principal.role) == (real, "member")
+
+
+def test_every_cli_command_acts_as_the_cli_principal():
+    """``local_principal()`` is admin whatever the store: a command that used it (``import`` did)
+    would let a viewer of a server store act as admin. The CLI's modules name only ``cli_principal``."""
+    import workbench.cli
+    import workbench.runs.cli
+
+    for module in (workbench.cli, workbench.runs.cli):
+        source = Path(module.__file__).read_text()
+        assert "local_principal" not in source, module.__name__
+    assert "cli_principal()" in Path(workbench.runs.cli.__file__).read_text()
 
 
 def test_a_cli_member_on_a_server_store_cannot_cancel_another_users_run(tmp_path, monkeypatch):

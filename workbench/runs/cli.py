@@ -323,10 +323,10 @@ def _cmd_collect(args) -> int:
 def _cmd_import(args) -> int:
     """Import a run made elsewhere (TRL, verl logs) as a finished run; prints its id, and its
     warnings (what could not be recovered) as ``warning: ...`` lines on stderr."""
-    from workbench.runs import local_principal
     from workbench.runs.imports import import_run
+    from workbench.runs.roles import cli_principal
 
-    run_id, warnings = import_run(args.path, principal=local_principal(), fmt=args.format, config=args.config,
+    run_id, warnings = import_run(args.path, principal=cli_principal(), fmt=args.format, config=args.config,
                                   group=args.group, arm=args.arm, seed=args.seed, name=args.name, tags=args.tag,
                                   notes=args.notes, store=_open_store())
     print(run_id)
