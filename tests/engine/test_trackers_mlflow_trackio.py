@@ -316,6 +316,35 @@ def test_a_resumed_run_continues_its_mlflow_and_trackio_runs(wb_home, few_proble
     assert [a["name"] for a in tracked["output"]] == ["policy-run"]
 
 
+def test_an_interrupted_run_ends_its_mlflow_run_killed(wb_home, few_problems, mlflow_server, tmp_path):
+    """SIGTERM under WORKBENCH_SIGTERM=interrupt (what the sbatch script sets: SLURM preempts or
+    requeues the job) after step 1: the process exits 143 and the MLflow run is KILLED, not FAILED,
+    holding the steps it logged."""
+    from mlflow import MlflowClient
+
+    project, run_dir = "wb-trackers-interrupted", tmp_path / "run"
+    sets = [f"dataset={few_problems}", "train.steps=200", f"logging.project={project}", "logging.log_with=[mlflow]",
+            f"logging.mlflow_tracking_uri={mlflow_server}"]
+    env = tracker_process_env(wb_home, tmp_path / "trackio", WORKBENCH_SIGTERM="interrupt")
+    train = subprocess.Popen([sys.executable, "-m", "workbench", "train", "grpo", *[a for i in sets for a in ("--set", i)],
+                              "--run-dir", str(run_dir)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TRAIN_S
+        while not (run_dir.exists() and len(metrics_of(run_dir)) >= 2):
+            assert train.poll() is None and time.monotonic() < deadline, train.stderr.read()[-3000:] if train.stderr else ""
+            time.sleep(0.5)
+        train.send_signal(signal.SIGTERM)
+        assert train.wait(timeout=300) == 143
+    finally:
+        if train.poll() is None:
+            train.kill()
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name(project).experiment_id])
+    assert run.info.status == "KILLED"
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "reward")]
+    assert logged == [step for step, _ in numeric_series(metrics_of(run_dir))["reward"]] and len(logged) >= 2
+
+
 # -- the recipe fields ---------------------------------------------------------------------------
 @pytest.mark.parametrize("item, expected", [
     ("logging.project=a/b", "logging.project='a/b'"),

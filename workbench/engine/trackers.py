@@ -11,7 +11,7 @@ policy directory (never its weights: a 7B policy is 15 GB, and the run directory
   a character MLflow refuses (``eval/pass@1``) written as ``_``, exactly as transformers'
   MLflowCallback writes it; the final policy is the run tags ``workbench.final_model`` (its
   ``file://`` URI) and ``workbench.host`` (the machine holding it); the MLflow run ends FINISHED,
-  FAILED or KILLED as the workbench run did.
+  FAILED or KILLED as the workbench run did (KILLED also when the scheduler interrupted it).
 - ``trackio``: accelerate's TrackioTracker, the run named after the run directory (a resumed run
   continues it); the final policy is a reference artifact ``policy-RUN`` of type ``model`` whose
   entries are the directory's files as ``file://`` URIs (trackio copies no bytes).
@@ -33,8 +33,10 @@ from workbench.recipe import Recipe
 _NOT_MLFLOW_METRIC_CHARS = re.compile(r"[^0-9A-Za-z_\-\. :/]")
 #: run names that go into an MLflow filter string as they are (run ids are slugs: runs/names.py)
 _FILTERABLE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-#: the workbench run's final status -> the MLflow run's (mlflow.entities.RunStatus names)
-MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+#: the workbench run's final status -> the MLflow run's (mlflow.entities.RunStatus names). An
+#: interrupted run (SIGTERM under WORKBENCH_SIGTERM=interrupt: SLURM preempted or requeued the job)
+#: is KILLED, not FAILED: nothing in it went wrong, and its resume reopens the MLflow run.
+MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED", "interrupted": "KILLED"}
 #: tag names of the final-policy link (MLflow run tags; trackio artifact metadata)
 FINAL_MODEL_TAG, HOST_TAG = "workbench.final_model", "workbench.host"
 
