@@ -1,5 +1,6 @@
 """Export page (text from workbench.export, download buttons) and Settings page (load / save)."""
 
+import pytest
 import yaml
 
 from tests.ui.conftest import page
@@ -99,10 +100,10 @@ def test_renamed_host_keeps_its_python_and_setup_and_a_new_row_gets_none(home):
 # Values the page does not show, one per such field: a field added to Settings later without a
 # value here fails the walk below, so the page cannot silently reset it.
 HIDDEN_SETTINGS = {"reward_funcs_allowed": ["tests.engine.faulty_rewards:raises_at_step_2"],
-                   "trusted_proxies": ["10.0.0.0/8"],
-                   "ray": {"address": "head.lab:8265", "workdir": "/shared/wb", "num_cpus": 2.0},
-                   "roles": {"admins": ["ada@lab.org"], "member_domains": ["lab.org"], "cli_roles": {"ada": "admin"}}}
-PAGE_SETTINGS = {"ssh_hosts", "slurm", "cpu_slots", "gpu_slots"}
+                   "trusted_proxies": ["10.0.0.0/8"]}
+PAGE_SETTINGS = {"ssh_hosts", "slurm", "cpu_slots", "gpu_slots", "ray", "roles"}
+# the sections drawn from their models: settings field -> (widget key prefix, fields shown read-only)
+MODEL_SECTIONS = {"slurm": ("set", ()), "ray": ("set_ray", ("python", "runtime_env")), "roles": ("set_roles", ())}
 
 
 def test_saving_the_page_keeps_every_setting_it_does_not_show(home):
@@ -116,3 +117,50 @@ def test_saving_the_page_keeps_every_setting_it_does_not_show(home):
     assert saved.cpu_slots == 2
     for name, value in HIDDEN_SETTINGS.items():
         assert getattr(saved, name) == Settings(**{name: value}).__dict__[name], name
+
+
+def test_every_field_of_the_model_sections_has_its_widget(home):
+    """SLURM, Ray and roles are drawn from their models: each field is a widget (a field added to a
+    model later appears with nothing to copy), but those that run code on the cluster."""
+    at = page("settings_page").run()
+    assert not at.exception
+    for section, (key, read_only) in MODEL_SECTIONS.items():
+        model = type(getattr(Settings(), section))
+        for name in model.model_fields:
+            assert (f"{key}_{name}" in at.session_state) is (name not in read_only), (section, name)
+
+
+def test_ray_and_roles_are_edited_on_the_page_and_what_runs_on_the_cluster_is_kept(home):
+    save_settings(Settings(ray={"python": "/opt/ray/bin/python", "runtime_env": {"pip": ["numpy"]}}))
+    at = page("settings_page").run()
+    assert "/opt/ray/bin/python" in " ".join(c.value for c in at.caption)  # shown, not editable
+    at.text_input(key="set_ray_address").input("ray://head.lab:10001").run()
+    at.number_input(key="set_ray_num_cpus").set_value(2.0).run()
+    at.text_area(key="set_roles_admins").input("ada@lab.org\n\n  bob@lab.org  \n").run()
+    at.text_area(key="set_roles_member_domains").input("lab.org").run()
+    at.text_area(key="set_roles_cli_roles").input("ada: admin\nops: viewer").run()
+    at.text_input(key="set_roles_default_role").input("member").run()
+    at.checkbox(key="set_roles_trust_unverified_email").check().run()
+    at.button(key="set_save").click().run()
+    assert not at.error, [e.value for e in at.error]
+    saved = load_settings()
+    assert (saved.ray.address, saved.ray.num_cpus) == ("ray://head.lab:10001", 2.0)
+    assert (saved.ray.python, saved.ray.runtime_env) == ("/opt/ray/bin/python", {"pip": ["numpy"]})
+    assert saved.roles.admins == ["ada@lab.org", "bob@lab.org"] and saved.roles.member_domains == ["lab.org"]
+    assert saved.roles.cli_roles == {"ada": "admin", "ops": "viewer"}
+    assert (saved.roles.default_role, saved.roles.trust_unverified_email) == ("member", True)
+
+
+@pytest.mark.parametrize("key, widget, value, expected", [
+    ("set_ray_address", "text_input", "file:///etc", "ray.address"),
+    ("set_roles_cli_roles", "text_area", "ada admin", "roles.cli_roles: line 'ada admin' is not allowed"),
+    ("set_roles_cli_roles", "text_area", "ada: boss", "roles.cli_roles"),
+    ("set_roles_default_role", "text_input", "admin", "roles.default_role"),
+    ("set_roles_admins", "text_area", "a b@lab.org", "roles.admins"),
+])
+def test_a_bad_ray_or_roles_value_names_the_field_and_saves_nothing(home, key, widget, value, expected):
+    at = page("settings_page").run()
+    getattr(at, widget)(key=key).input(value).run()
+    at.button(key="set_save").click().run()
+    assert at.error and expected in at.error[0].value, [e.value for e in at.error]
+    assert not (home / "settings.yaml").exists()

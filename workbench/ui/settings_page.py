@@ -1,8 +1,10 @@
-"""Settings: SSH hosts, SLURM defaults, CPU / GPU slots, the workbench home.
+"""Settings: SSH hosts, SLURM defaults, the Ray cluster, roles, CPU / GPU slots, the workbench home.
 
 Stored by ``workbench.runs.update_settings`` (admins only) in settings.yaml under the home. No secrets live there
-(SSH uses the user's keys by path). A host's ``python`` and ``setup`` lines run on that host, so
-the page shows them but only the settings file changes them: nothing typed here is executed.
+(SSH uses the user's keys by path). A host's ``python`` and ``setup`` lines run on that host, and
+the Ray cluster's ``python`` and ``runtime_env`` on the cluster, so the page shows them but only the
+settings file changes them: nothing typed here is executed. The SLURM, Ray and roles sections are
+drawn from their models (``workbench.ui.model_form``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from workbench.home import workbench_home
 from workbench.recipe import format_validation_error
 from workbench.ui import auth
 from workbench.ui.common import guarded_button
+from workbench.ui.model_form import model_section
 
 HOST_COLUMNS = ["name", "hostname", "user", "port", "identity_file", "known_hosts", "workdir", "strict_host_key_checking"]
 READ_ONLY = ("python", "setup")  # run on the host: edited in settings.yaml only
+RAY_READ_ONLY = ("python", "runtime_env")  # run / installed on the cluster: edited in settings.yaml only
 # The stored name of each existing row (not editable; empty on added rows): a row keeps its host's
 # python / setup through a rename, and a new row never inherits another host's. Row positions
 # cannot serve: after a deletion st.data_editor numbers added rows from the remaining rows.
@@ -71,15 +75,7 @@ def render() -> None:
                                   help=wr.Settings.model_fields["gpu_slots"].description)
 
     st.subheader("SLURM defaults")
-    s = settings.slurm
-    cols = st.columns(5)
-    slurm = {
-        "partition": cols[0].text_input("Partition", value=s.partition, key="set_partition"),
-        "account": cols[1].text_input("Account", value=s.account, key="set_account"),
-        "nodes": cols[2].number_input("Nodes", min_value=1, value=s.nodes, step=1, key="set_nodes"),
-        "gpus_per_node": cols[3].number_input("GPUs per node", min_value=0, value=s.gpus_per_node, step=1, key="set_gpus"),
-        "time": cols[4].text_input("Time limit", value=s.time, key="set_time", help="HH:MM:SS or D-HH:MM:SS"),
-    }
+    slurm, slurm_errors = model_section(settings.slurm, prefix="slurm", key="set", columns=5)
 
     st.subheader("SSH hosts")
     st.caption("Authentication uses your own SSH keys and known_hosts files (by path); no passwords are stored. "
@@ -93,7 +89,21 @@ def render() -> None:
         st.dataframe(pd.DataFrame([{"name": n, "python": h.python, "setup": h.setup} for n, h in settings.ssh_hosts.items()]),
                      hide_index=True)
 
+    st.subheader("Ray cluster")
+    st.caption("Target 'ray' submits each run as one job of this cluster's Jobs API.")
+    ray, ray_errors = model_section(settings.ray, prefix="ray", key="set_ray", read_only=RAY_READ_ONLY, columns=2)
+
+    st.subheader("Roles")
+    st.caption("Who gets which role when signing in through the identity provider, and the CLI's role on a server "
+               "database. viewer: watch, compare, export; member: launch, and cancel, resume, delete their own runs; "
+               "admin: anyone's runs, settings, the audit log.")
+    roles, roles_errors = model_section(settings.roles, prefix="roles", key="set_roles", columns=2)
+
     if not guarded_button("Save settings", key="set_save", type="primary", action="settings"):
+        return
+    for error in slurm_errors + ray_errors + roles_errors:
+        st.error(error)
+    if slurm_errors or ray_errors or roles_errors:
         return
     try:
         gpu_slots = int(gpu_text) if gpu_text.strip() else None
@@ -103,8 +113,7 @@ def render() -> None:
     # Start from what is stored: fields this page does not show (an admin's reward_funcs_allowed,
     # trusted_proxies, whatever is added later) are kept, not reset to their defaults.
     data = {**settings.model_dump(mode="json"),
-            "ssh_hosts": hosts_from_frame(edited, settings), "slurm": {k: (v.strip() if isinstance(v, str) else int(v))
-                                                                      for k, v in slurm.items()},
+            "ssh_hosts": hosts_from_frame(edited, settings), "slurm": slurm, "ray": ray, "roles": roles,
             "cpu_slots": int(cpu_slots), "gpu_slots": gpu_slots}
     try:
         new = wr.Settings.model_validate(data)
