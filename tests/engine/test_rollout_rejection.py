@@ -182,3 +182,31 @@ def test_bad_rejection_bounds_name_the_field_and_what_is_allowed(items, patterns
         load_recipe("grpo", items)
     message = str(err.value)
     assert all(p in message for p in patterns), message
+
+
+# ---- verl's settings in an imported run's recipe ----------------------------------------------------
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True,
+      "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01},
+     {"algorithm.rollout_correction": "token_truncate", "algorithm.rollout_correction_max": 2.0,
+      "algorithm.rollout_correction_batch_normalize": True, "algorithm.rollout_rejection": "seq_mean_k3",
+      "algorithm.rollout_rejection_max": 0.01}),
+    ({"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_1.5"},
+     {"algorithm.rollout_rejection": "token_k1", "algorithm.rollout_rejection_min": 0.5, "algorithm.rollout_rejection_max": 1.5}),
+    ({"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": 2}, {"algorithm.rollout_rejection": "seq_sum_k1",
+                                                              "algorithm.rollout_rejection_max": 2.0}),
+    # no single recipe value: several modes, k1 upper < 1 without a lower (verl then rejects all), "_" for k3
+    ({"rollout_rs": "token_k1,seq_max_k3", "rollout_rs_threshold": "2,0.1"}, {}),
+    ({"rollout_rs": "token_k1", "rollout_rs_threshold": 0.5}, {}),
+    ({"rollout_rs": "token_k3", "rollout_rs_threshold": "0.5_2"}, {}),
+    ({"rollout_rs": "token_k3", "rollout_rs_threshold": None}, {}),
+    ({"rollout_is": None, "rollout_is_batch_normalize": True}, {}),
+])
+def test_verl_rollout_correction_config_maps_to_the_recipe_fields(settings, expected):
+    from workbench.runs.imports import verl_rollout_mismatch
+
+    assert verl_rollout_mismatch({"algorithm": {"rollout_correction": settings}}) == expected
+    if expected:  # what it gives is a valid recipe
+        load_recipe("grpo", [f"{path}={value}" for path, value in expected.items()])
