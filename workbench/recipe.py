@@ -31,6 +31,7 @@ from workbench.core.choices import (
     KL_PLACEMENTS,
     MULTI_REWARD_MODES,
     ROLLOUT_CORRECTIONS,
+    ROLLOUT_REJECTIONS,
     PolicyLossConfig,
 )
 from workbench.core.registry import check_choice
@@ -74,6 +75,7 @@ MAX_TEMPERATURE = 10.0  # sampling / eval temperature: above ~2 the samples are 
 # with the knobs, in workbench/algorithms/policy_losses.py.
 MAX_NATS = 100.0  # entropy target, OPSM / off-policy mask thresholds: per-token nats (ln(vocab) ~ 12)
 MAX_IS_WEIGHT = 1000.0  # rollout_correction bounds (TRL 3, verl 2, IcePop 5)
+MAX_REJECTION_THRESHOLD = 1000.0  # rollout_rejection bounds: ratios (k1, verl e.g. 2) or divergences (k2 / k3, e.g. 0.01)
 MAX_VALUE_CLIP = 1e4  # PPO value clip, in reward units (0.2 usual)
 MAX_GRAD_NORM = 1e6  # optim.max_grad_norm (1.0 usual)
 MAX_WEIGHT_DECAY = 1.0  # AdamW's decoupled decay multiplies the weights by 1 - lr * wd each step (0.0-0.1 usual)
@@ -138,6 +140,7 @@ _NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     **{k.field.removeprefix("algorithm."): (lambda k=k: k.choices) for k in _algorithm_knobs() if k.choices},
     "kl_placement": lambda: KL_PLACEMENTS,
     "rollout_correction": lambda: ROLLOUT_CORRECTIONS,
+    "rollout_rejection": lambda: ROLLOUT_REJECTIONS,
     "multi_objective_aggregation": lambda: MULTI_REWARD_MODES,
 }
 
@@ -202,6 +205,14 @@ class Algorithm(_AlgorithmPolicyLoss):
     """Lower bound of the IS weight (TRL vllm_importance_sampling_clip_min, default None = no bound; IcePop 0.5)."""
     rollout_correction_max: float | None = Field(3.0, gt=0, le=MAX_IS_WEIGHT)
     """Upper bound of the IS weight (TRL vllm_importance_sampling_clip_max 3.0; verl rollout_is_threshold 2.0; IcePop 5)."""
+    rollout_correction_batch_normalize: bool = False
+    """Rescale the bounded IS weights to mean 1 over the step's batch (verl rollout_is_batch_normalize, default False; no TRL / OpenRLHF setting): over valid tokens at token level, over completions at sequence level. Truncation pulls the mean weight below 1 and so shrinks every step; normalising keeps the direction and restores the step size. Needs rollout_correction != none; logged as rollout_corr/rollout_is_batch_norm_factor (the mean before it)."""
+    rollout_rejection: str = "none"
+    """Rejection sampling of rollout / trainer mismatch (verl rollout_rs, default None = off; no TRL / OpenRLHF setting): tokens or whole completions whose divergence between the trainer's and the rollout engine's log-probs leaves a trust region get no loss and count in no denominator (verl masks its response_mask). Mode {level}_{k}: level token (each token its own statistic), seq_sum / seq_mean / seq_max (one statistic per completion over its tokens); k of l = log(pi_old / pi_rollout): k1 = -l (a log-ratio, kept within [log min, log max]; no seq_max_k1), k2 = l^2 / 2, k3 = e^l - 1 - l (divergences, kept <= max). Independent of rollout_correction (both may be on). Matters with vLLM, bf16 rollouts or train.staleness > 0; logged as rollout_corr/rollout_rs_{mode}_{mean,masked_fraction,seq_masked_fraction}."""
+    rollout_rejection_max: float | None = Field(None, gt=0, le=MAX_REJECTION_THRESHOLD)
+    """Upper threshold of rollout_rejection (verl rollout_rs_threshold, required when on): a ratio for k1 modes (e.g. 2.0: keep pi_rollout / pi_old = e^k1 within [rollout_rejection_min, 2], by default [0.5, 2]), a divergence for k2 / k3 modes (e.g. 0.01)."""
+    rollout_rejection_min: float | None = Field(None, gt=0, le=MAX_REJECTION_THRESHOLD)
+    """Lower ratio threshold of a k1 rollout_rejection (verl rollout_rs_threshold "lower_upper"; default None = 1 / rollout_rejection_max, verl's default). k2 / k3 modes take no lower bound."""
     top_entropy_quantile: float = Field(1.0, ge=0, le=1)
     """Train only on the highest-entropy tokens ("Beyond the 80/20 Rule", Wang et al. 2025; TRL top_entropy_quantile rho): tokens below the (1 - rho) entropy quantile of the batch's loss tokens get no policy loss. 1.0 = off (every token); the paper uses 0.2."""
     multi_objective_aggregation: str = "sum_then_normalize"
@@ -237,6 +248,7 @@ class Algorithm(_AlgorithmPolicyLoss):
         lo, hi = self.rollout_correction_min, self.rollout_correction_max
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"algorithm.rollout_correction_min={lo} must not exceed algorithm.rollout_correction_max={hi}")
+        self._check_rollout_rejection()
         if self.entropy_coef_min > self.entropy_coef_max:
             raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} must not exceed "
                              f"algorithm.entropy_coef_max={self.entropy_coef_max}")
@@ -245,6 +257,29 @@ class Algorithm(_AlgorithmPolicyLoss):
                 f"algorithm.advantage={self.advantage!r} subtracts a greedy completion's reward: it needs "
                 f"multi_objective_aggregation='sum_then_normalize', not {self.multi_objective_aggregation!r}")
         return self
+
+    def _check_rollout_rejection(self) -> None:
+        """Batch normalisation needs IS weights; rejection needs its upper threshold, and a lower
+        one only for k1 modes (a ratio <= the upper; by default 1 / upper, so then upper >= 1)."""
+        if self.rollout_correction_batch_normalize and self.rollout_correction == "none":
+            raise ValueError("algorithm.rollout_correction_batch_normalize=True needs IS weights to normalise; "
+                             "set algorithm.rollout_correction to one of " + ", ".join(ROLLOUT_CORRECTIONS[1:]))
+        mode, lo, hi = self.rollout_rejection, self.rollout_rejection_min, self.rollout_rejection_max
+        if mode == "none":  # thresholds are ignored, as rollout_correction's bounds are when it is off
+            return
+        if hi is None:
+            raise ValueError(f"algorithm.rollout_rejection={mode!r} needs algorithm.rollout_rejection_max "
+                             "(verl rollout_rs_threshold): a ratio > 0 for k1 modes, a divergence > 0 for k2 / k3")
+        if not mode.endswith("k1"):
+            if lo is not None:
+                raise ValueError(f"algorithm.rollout_rejection_min={lo} is allowed only with a k1 mode; "
+                                 f"algorithm.rollout_rejection={mode!r} keeps a divergence <= rollout_rejection_max only")
+            return
+        if lo is None and hi < 1:
+            raise ValueError(f"algorithm.rollout_rejection_max={hi} with k1 mode {mode!r} needs a ratio >= 1 "
+                             f"(the lower bound defaults to 1 / max = {1 / hi:g}), or set algorithm.rollout_rejection_min")
+        if lo is not None and lo > hi:
+            raise ValueError(f"algorithm.rollout_rejection_min={lo} must not exceed algorithm.rollout_rejection_max={hi}")
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
         """The fields PolicyLossConfig has (same names), so a new loss setting needs no list here."""

@@ -282,11 +282,13 @@ def test_teacher_run_lens_reference_is_the_shaped_gradient_the_trainer_stepped_w
 def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and_weight(wb_home, few_problems, tmp_path):
     """mu = 1, one minibatch: at theta_before the lens's g_run (core.policy_objective through
     Trainer.run_objective) and the gradient the trainer accumulated before its optimiser step
-    have cosine 1 and equal norm, on a stale batch (staleness 1) that uses IS weights,
-    top-entropy tokens and the off-policy mask together (plus OPSM, the in-loss KL and an
-    entropy bonus)."""
+    have cosine 1 and equal norm, on a stale batch (staleness 1) that uses IS weights
+    (batch-normalised), rollout rejection sampling, top-entropy tokens and the off-policy mask
+    together (plus OPSM, the in-loss KL and an entropy bonus)."""
     recipe = load_recipe("grpo", [f"dataset={few_problems}", "train.steps=2", "train.staleness=1",
-                                  "algorithm.rollout_correction=token_truncate", "algorithm.top_entropy_quantile=0.5",
+                                  "algorithm.rollout_correction=token_truncate", "algorithm.rollout_correction_batch_normalize=true",
+                                  "algorithm.rollout_rejection=token_k3", "algorithm.rollout_rejection_max=1.0",
+                                  "algorithm.top_entropy_quantile=0.5",
                                   "algorithm.off_policy_mask_threshold=0.001", "algorithm.opsm_delta=0.001",
                                   "algorithm.entropy_coef=0.01", "logging.diagnostics_every=0"])
     t = Trainer(recipe, tmp_path)
@@ -297,6 +299,7 @@ def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and
     B = batch.completion_mask.shape[0]
     # every mask and weight acts on this batch
     assert not torch.allclose(batch.is_weights[batch.completion_mask.bool()], torch.ones(()))
+    assert 0 < batch.loss_mask.sum() < batch.completion_mask.sum()  # rejection sampling dropped some tokens
     logp, entropy = logprobs_and_entropy(t.policy, batch, recipe.sampling.temperature, entropy_grad=True)
     obj = t.run_objective(batch, logp, entropy, logp.detach(), entropy_coef=0.01,
                           num_tokens=batch.loss_mask.sum(), num_seqs=float(B))

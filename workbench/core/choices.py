@@ -62,6 +62,8 @@ ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", *(f"{level}_{mode}" for level in
 REJECTION_MODES: tuple[str, ...] = (
     "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+# The recipe's ``algorithm.rollout_rejection``: off, or one of the modes above (verl ``rollout_rs``).
+ROLLOUT_REJECTIONS: tuple[str, ...] = ("none", *REJECTION_MODES)
 
 
 #: VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) multiplies a sequence's policy gradient; its

@@ -5,7 +5,7 @@ the trainer differentiates it per micro-batch and the same-batch lens calls it f
 row, so the lens's g_run is the gradient the run stepped with. In order (each step is one core
 function, named beside it):
 
-    m      = loss_mask                                     (B, T) truncation-masked by the caller
+    m      = loss_mask                                     (B, T) truncation- and rejection-masked by the caller
     m      = opsm_mask(logp, old, A, m, delta)             slime OPSM (opsm_delta)
     m      = off_policy_sequence_mask(logp, s, A, m, eps)  TRL off-policy mask; s = rollout logp, else old
     l_t    = policy_loss(logp, old, A, m)_t                core.compute_policy_loss (the registered loss)
@@ -14,7 +14,10 @@ function, named beside it):
     o_t    = l_t + beta * KL_t(logp, ref) - c_H * H_t      core.token_objective (in-loss KL, entropy bonus)
     L      = aggregate(o, m; num_tokens, num_seqs, max_len)
 
-The normalisers stay those of the caller's (truncation) loss mask, as TRL and verl count them:
+The caller's loss mask already lacks the completions cut at max length (mask_truncated) and the
+tokens verl's rollout rejection sampling drops (core.rejection_mask, verl ``rollout_rs``): verl
+takes those out of its response_mask, so they leave every denominator, the KL's included.
+The normalisers stay those of the caller's loss mask, as TRL and verl count them:
 OPSM, the off-policy mask, IS weights and top-entropy tokens narrow or weigh the loss without
 changing its denominator. The KL and entropy terms are aggregated over the same mask m. TRL
 multiplies only the policy term by its off-policy mask and keeps the KL on the dropped sequences'

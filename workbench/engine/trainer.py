@@ -55,6 +55,7 @@ from workbench.core import (
     masked_mean,
     policy_objective,
     reward_function_metrics,
+    rejection_mask,
     reward_metrics,
     rollout_correction,
     sequence_clip_fractions,
@@ -518,8 +519,8 @@ class Trainer:
 
     @torch.no_grad()
     def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None):
-        """Old / reference log-probs, values, KL-in-reward, rollout-correction weights and
-        global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
+        """Old / reference log-probs, values, KL-in-reward, rollout-correction weights, the
+        rollout-rejection mask (folded into loss_mask) and global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
         r = self.recipe
         a = r.algorithm
         mask = out.completion_mask
@@ -527,14 +528,15 @@ class Trainer:
         # besides the single-pass ratio (which uses logp.detach()) needs them: the ratio of later
         # passes, and the KL to the reference. The rollout engine's log-probs are other numbers
         # (vLLM: renormalised under top_p < 1, possibly bf16); verl and OpenRLHF recompute too.
-        correct = a.rollout_correction != "none"
-        if correct and out.rollout_logp is None:
-            raise ValueError(f"algorithm.rollout_correction={a.rollout_correction!r} needs the rollout engine's log-probs, "
-                             f"and rollout backend {r.train.rollout!r} gave none")
+        correct, reject = a.rollout_correction != "none", a.rollout_rejection != "none"
+        for name, on in (("rollout_correction", correct), ("rollout_rejection", reject)):
+            if on and out.rollout_logp is None:
+                raise ValueError(f"algorithm.{name}={getattr(a, name)!r} needs the rollout engine's log-probs, "
+                                 f"and rollout backend {r.train.rollout!r} gave none")
         # The optimal token baselines weigh each path by its score variance: sum_v pi_v^2 comes
         # from the same forward as the old log-probs.
         policy_stats = a.advantage in POLICY_STAT_ESTIMATORS
-        needs_old = not r.train.single_pass or self.reference is not None or correct or self.teacher is not None
+        needs_old = not r.train.single_pass or self.reference is not None or correct or reject or self.teacher is not None
         sum_pi_squared = None
         if policy_stats:
             old_logp, sum_pi_squared = logprobs_and_sum_pi_squared(self.policy, out, r.sampling.temperature, r.train.shared_prefix)
@@ -550,19 +552,22 @@ class Trainer:
         g_kl = ranks.gather(kl) if kl is not None else None
         g_values = ranks.gather(old_values) if old_values is not None else None
         g_baselines = ranks.gather(baselines) if baselines is not None else None
-        is_weights = None
-        if correct:  # w = pi_old / pi_rollout per token or sequence, bounded (core.rollout_correction)
-            is_weights, _ = rollout_correction(old_logp, out.rollout_logp, mask, **correction_settings(a))
+        mine = ranks.rows(mask.shape[0])
+        g_is_weights = g_keep = None
+        if correct or reject:  # over the global batch, as verl's driver: batch_normalize's mean is the whole batch's
+            g_is_weights, g_keep = rollout_mismatch_masks(ranks.gather(old_logp), ranks.gather(out.rollout_logp), g_mask, a)
+        is_weights = g_is_weights[mine] if g_is_weights is not None else None
         stats = {}
         if policy_stats:  # verl weighs the paths by rho^2 too when the rollout is corrected
             stats = dict(old_logp=ranks.gather(old_logp), sum_pi_squared=ranks.gather(sum_pi_squared),
-                         is_weights=ranks.gather(is_weights) if is_weights is not None else None)
+                         is_weights=g_is_weights)
         adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values,
                                  baselines=g_baselines, **stats)
         if self.teacher is not None:
             adv = adv._replace(advantages=self.distill(out, old_logp, g_mask, adv.advantages))  # returns (critic targets) stay
-        mine = ranks.rows(mask.shape[0])
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
+        if g_keep is not None:  # verl masks its response_mask: rejected tokens leave every denominator too
+            loss_mask = loss_mask * g_keep[mine]
         batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
                           out.rollout_logp if a.off_policy_mask_threshold is not None else None)
@@ -788,11 +793,18 @@ class Trainer:
         """TRL's ``sampling/sampling_logp_difference/{mean,max}`` (|trainer - rollout engine|
         per token) and ``sampling/importance_sampling_ratio/{min,mean,max}`` (the weights
         rollout_correction applies; with it off, the raw token ratios pi_old / pi_rollout).
-        Over ranks: the mean of the ranks' means, the min / max of their min / max."""
+        Over ranks: the mean of the ranks' means, the min / max of their min / max. With batch
+        normalisation or rejection on, verl's ``rollout_corr/*`` figures of the global batch too."""
+        a = self.recipe.algorithm
+        # the ratio metrics are of the weights before batch normalisation (verl's too)
         _, stats = rollout_correction(trainer_logp, out.rollout_logp, out.completion_mask,
-                                      **correction_settings(self.recipe.algorithm))
+                                      **{**correction_settings(a), "batch_normalize": False})
         stats = {k: self.ranks.reduce(v, k.rsplit("/", 1)[1]) for k, v in stats.items()}
-        return {k: float(v) for k, v in stats.items()}
+        metrics = {k: float(v) for k, v in stats.items()}
+        if a.rollout_correction_batch_normalize or a.rollout_rejection != "none":
+            g_logp, g_rollout, g_mask = (self.ranks.gather(t) for t in (trainer_logp, out.rollout_logp, out.completion_mask))
+            metrics.update(rollout_corr_metrics(g_logp, g_rollout, g_mask, a))
+        return metrics
 
     def _reward_logged_metrics(self) -> dict[str, float]:
         """The metrics reward functions logged with log_metric this step, under their own names
@@ -954,7 +966,41 @@ def correction_settings(a) -> dict[str, Any]:
     if a.rollout_correction == "none":
         return {"level": "token", "mode": "truncate", "clip_min": None, "clip_max": None}
     level, mode = a.rollout_correction.split("_")
-    return {"level": level, "mode": mode, "clip_min": a.rollout_correction_min, "clip_max": a.rollout_correction_max}
+    return {"level": level, "mode": mode, "clip_min": a.rollout_correction_min, "clip_max": a.rollout_correction_max,
+            "batch_normalize": a.rollout_correction_batch_normalize}
+
+
+def rejection_settings(a) -> dict[str, Any]:
+    """core.rejection_mask's keywords for ``algorithm.rollout_rejection`` (a mode, not "none")."""
+    return {"mode": a.rollout_rejection, "upper": a.rollout_rejection_max, "lower": a.rollout_rejection_min}
+
+
+def rollout_mismatch_masks(g_old: torch.Tensor | None, g_rollout: torch.Tensor | None, g_mask: torch.Tensor,
+                           a) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(IS weights, rejection keep-mask), each (B, T) over the global batch or None when its
+    setting is off. The IS weights are computed on the whole completion mask, rejected tokens
+    included (verl computes both from the same response_mask, independently); the keep-mask is
+    g_mask with the rejected tokens 0. g_old / g_rollout: trainer / rollout engine log-probs."""
+    is_weights = keep = None
+    if a.rollout_correction != "none":  # w = pi_old / pi_rollout per token or sequence, bounded
+        is_weights, _ = rollout_correction(g_old, g_rollout, g_mask, **correction_settings(a))
+    if a.rollout_rejection != "none":
+        keep, _ = rejection_mask(g_old, g_rollout, g_mask, **rejection_settings(a))
+    return is_weights, keep
+
+
+def rollout_corr_metrics(g_old: torch.Tensor, g_rollout: torch.Tensor, g_mask: torch.Tensor, a) -> dict[str, float]:
+    """verl's ``rollout_corr/*`` figures of what the recipe turns on, over the global batch:
+    ``rollout_is_batch_norm_factor`` (the mean weight divided out) and, for rejection,
+    ``rollout_rs_{mode}_{mean,masked_fraction,seq_masked_fraction}`` (core.rejection_mask)."""
+    metrics: dict[str, float] = {}
+    if a.rollout_correction != "none" and a.rollout_correction_batch_normalize:
+        _, stats = rollout_correction(g_old, g_rollout, g_mask, **correction_settings(a))
+        metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(stats["rollout_corr/rollout_is_batch_norm_factor"])
+    if a.rollout_rejection != "none":
+        _, stats = rejection_mask(g_old, g_rollout, g_mask, **rejection_settings(a))
+        metrics.update({k: float(v) for k, v in stats.items()})
+    return metrics
 
 
 def _select_logged_columns(logs: list[RewardLogs], idx: list[int]) -> RewardLogs:

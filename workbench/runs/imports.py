@@ -547,7 +547,8 @@ VERL_KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_
 
 def verl_recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The recipe fields verl's Hydra config gives (``VERL_CONFIG``; the KL from use_kl_loss /
-    kl_loss_coef / kl_loss_type, or use_kl_in_reward / kl_ctrl.kl_coef / kl_penalty) and the label."""
+    kl_loss_coef / kl_loss_type, or use_kl_in_reward / kl_ctrl.kl_coef / kl_penalty; the rollout
+    correction and rejection from ``verl_rollout_mismatch``) and the label."""
     recipe: dict[str, Any] = {}
     for path, (target, convert) in VERL_CONFIG.items():
         value = convert(_lookup(config, path))
@@ -570,8 +571,57 @@ def verl_recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         _set(recipe, "algorithm.kl_estimator", VERL_KL_ESTIMATORS[estimator])
     if placement is not None:
         _set(recipe, "algorithm.kl_placement", placement)
+    for path, value in verl_rollout_mismatch(config).items():
+        _set(recipe, path, value)
     estimator_name = _lookup(config, "algorithm.adv_estimator")  # no seed: verl seeds data and rollout apart
     return recipe, f"{estimator_name} (verl)" if isinstance(estimator_name, str) else "verl"
+
+
+def _verl_rs_bounds(mode: str, spec: Any) -> tuple[float | None, float] | None:
+    """(lower, upper) of one ``rollout_rs`` mode from verl's ``rollout_rs_threshold`` (a number,
+    or a string "upper" / k1's "lower_upper"; verl ``_parse_rollout_rs_thresholds``); None where
+    it does not parse, is not positive and finite, or has no recipe counterpart (a k1 upper < 1
+    without a lower: verl's default lower 1 / upper then exceeds it and rejects every token)."""
+    text = str(spec) if _number(spec) is not None else spec if isinstance(spec, str) else None
+    if text is None or "," in text or (not mode.endswith("k1") and "_" in text):  # float() reads "1_0" as 10
+        return None
+    lower_text, _, upper_text = text.rpartition("_") if mode.endswith("k1") else ("", "", text)
+    try:
+        lower, upper = (float(lower_text) if lower_text else None), float(upper_text)
+    except ValueError:
+        return None
+    if not all(v is None or (math.isfinite(v) and v > 0) for v in (lower, upper)):
+        return None
+    if mode.endswith("k1") and (lower if lower is not None else 1 / upper) > upper:
+        return None
+    return lower, upper
+
+
+def verl_rollout_mismatch(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe fields of verl's ``algorithm.rollout_correction`` (RolloutCorrectionConfig):
+    rollout_is token / sequence truncates the IS weight from above at rollout_is_threshold ->
+    rollout_correction {level}_truncate with that max and rollout_is_batch_normalize;
+    one rollout_rs mode with its rollout_rs_threshold -> rollout_rejection and its bounds. Several
+    comma-separated modes (verl keeps a token only if each keeps it) have no single recipe value
+    and are left out, as is anything that does not parse."""
+    from workbench.core.choices import IS_LEVELS, REJECTION_MODES
+
+    rc = "algorithm.rollout_correction"
+    out: dict[str, Any] = {}
+    level, threshold = _lookup(config, f"{rc}.rollout_is"), _number(_lookup(config, f"{rc}.rollout_is_threshold"))
+    if level in IS_LEVELS and threshold is not None and threshold > 0:
+        out["algorithm.rollout_correction"] = f"{level}_truncate"
+        out["algorithm.rollout_correction_max"] = threshold
+        if _lookup(config, f"{rc}.rollout_is_batch_normalize") is True:
+            out["algorithm.rollout_correction_batch_normalize"] = True
+    mode = _lookup(config, f"{rc}.rollout_rs")
+    bounds = _verl_rs_bounds(mode, _lookup(config, f"{rc}.rollout_rs_threshold")) if mode in REJECTION_MODES else None
+    if bounds is not None:
+        out["algorithm.rollout_rejection"] = mode
+        out["algorithm.rollout_rejection_max"] = bounds[1]
+        if bounds[0] is not None:
+            out["algorithm.rollout_rejection_min"] = bounds[0]
+    return out
 
 
 RECIPES: dict[str, Callable[[Mapping[str, Any]], tuple[dict[str, Any], str]]] = {"trl": trl_recipe, "verl": verl_recipe}
