@@ -50,9 +50,10 @@ def ema(values, weight: float) -> np.ndarray:
         return x
     from scipy.signal import lfilter  # the recursion above as an IIR filter (b = [1 - w], a = [1, -w])
 
-    # a Python loop took ~0.4 s for the 30 seeds x 16 metrics x 1,000 steps of the arms view
+    # a Python loop took ~0.4 s for the 30 seeds x 16 metrics x 1,000 steps of the arms view; w^n
+    # as a running product (within ~n ulp of pow, and 2x faster than the filter itself)
     s = lfilter([1.0 - weight], [1.0, -weight], x[ok])
-    x[ok] = s / (1.0 - weight ** np.arange(1, len(s) + 1, dtype=np.float64))
+    x[ok] = s / (1.0 - np.cumprod(np.full(len(s), weight)))
     return x
 
 
