@@ -237,7 +237,6 @@ def report_html(store, group: str, *, metric: str | None = None, window: float =
     from workbench.runs.cli import check_logged, group_arms  # compare's wording of a bad group / metric
 
     smoothing = check_smoothing(smoothing)
-
     arms = group_arms(store, group)
     runs = [r for rs in arms.values() for r in rs]
     frame = store.arm_metrics([r.id for r in runs])
