@@ -5,6 +5,7 @@ and checked against the store and workbench.analysis computed here; and its bad 
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import subprocess
@@ -12,11 +13,14 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from tests.helpers import home_with_tiny_model
 from tests.test_cli import REPO, assert_one_line_error, cli
+from tests.ui.figspec import traces
+from workbench.analysis.smoothing import ema
 from workbench.analysis import DEFAULT_WINDOW_FRAC, arm_summary, final_window_values, pairwise
 
 ARMS = ["grpo · kl_coef=0.0", "grpo · kl_coef=0.04"]
@@ -137,6 +141,41 @@ def test_the_report_is_self_contained_with_provenance(report):
     assert machine["CPUs"] == str(len(os.sched_getaffinity(0))) and machine["Python"] == sys.version.split()[0]
 
 
+def report_figures(page: str) -> list[dict]:
+    """Every figure of a report as plotly draws it: (title, traces with x / y decoded)."""
+    decoder, out = json.JSONDecoder(), []
+    for found in re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*', page):
+        data, end = decoder.raw_decode(page, found.end())
+        layout, _ = decoder.raw_decode(page, end + page[end:].index("{"))
+        out.append({"title": layout["title"]["text"], "traces": traces({"data": data})})
+    return out
+
+
+def test_smooth_w_smooths_each_seed_before_the_mean_records_the_weight_and_leaves_the_verdict_raw(report, group_home):
+    from workbench.runs import RunStore
+
+    out = group_home / "g-smooth.html"
+    done = run_cli(group_home, "report", "g", "--out", str(out), "--smooth", "0.5", timeout=300)
+    assert done.returncode == 0, done.stderr
+    smoothed = out.read_text(encoding="utf-8")
+    assert ("<p class='caption' data-smoothing='0.5'>Mean over seeds per arm (smoothing: EMA weight 0.5, each seed "
+            "smoothed before the mean and band over seeds)") in smoothed
+    assert "<p class='caption' data-smoothing='0.0'>Mean over seeds per arm (smoothing: off, raw logged values)" in report
+    assert "(EMA weight 0.5, debiased as in TensorBoard), then averaged: the band spreads the smoothed seeds" in smoothed
+    assert "verdicts use the raw logged values (smoothing applies to the curves only)" in smoothed
+    for name in ("verdict-arms", "verdict-pairs"):  # the same numbers, to the last digit
+        assert tables(smoothed)[name] == tables(report)[name]
+    # the reward chart's mean line per arm: the mean over seeds of each seed's EMA, from the store
+    store = RunStore(group_home / "runs.db")
+    for page, weight in ((smoothed, 0.5), (report, 0.0)):
+        reward = next(f for f in report_figures(page) if f["title"] == "Reward (batch mean)")["traces"]
+        for arm, runs in store.arms("g").items():
+            frame = store.arm_metrics([r.id for r in runs]).sort_values(["run_id", "step"])
+            per_seed = [ema(rows["reward"].to_numpy(), weight) for _, rows in frame.groupby("run_id")]
+            line = next(t for t in reward if t["name"] == arm)
+            assert line["y"] == pytest.approx(np.mean(per_seed, axis=0).tolist(), abs=1e-12), (arm, weight)
+
+
 def test_report_imports_no_torch(group_home, tmp_path):
     code = ("import sys\nfrom workbench.cli import main\n"
             f"code = main(['report', 'g', '--out', {str(tmp_path / 'r.html')!r}])\n"
@@ -153,6 +192,9 @@ def test_bad_input_is_one_line_and_leaves_no_file(group_home, tmp_path):
     assert_one_line_error(cli(group_home, "report", "g", "--out", str(out), "--metric", "no/such"),
                           "metric='no/such' is not logged by group 'g'", "logged: ", "reward")
     assert_one_line_error(cli(group_home, "report", "g", "--out", str(out), "--window", "2"), "window_frac=2.0")
+    # (NaN, negative and other weights: tests/analysis/test_smoothing.py, the same check_smoothing)
+    assert_one_line_error(cli(group_home, "report", "g", "--out", str(out), "--smooth", "1"),
+                          "--smooth=1.0 is not allowed; an EMA weight from 0 (off) to 0.99")
     assert_one_line_error(cli(group_home, "report", "g", "--out", str(tmp_path / "no" / "r.html")),
                           "--out=", "does not exist")
     assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@
     model build tiny | tiny-teacher
     launch / runs / collect   (workbench/runs/cli.py)
     export                    (workbench/export/cli.py)
-    report GROUP [--out FILE] [--metric M] [--window F]   (one self-contained HTML file: workbench/report.py)
+    report GROUP [--out FILE] [--metric M] [--window F] [--smooth W]   (one self-contained HTML file: workbench/report.py)
 
 Exit codes: 0 done, 2 bad input (one line ``error: ...`` naming the field, the value and what is
 allowed; nothing is left behind), 1 a run that did not finish, 130 interrupted, 141 closed pipe.
@@ -116,9 +116,11 @@ def _cmd_report(args) -> int:
     """Write the comparison report of a group. Everything is checked and the page built before
     the file is opened; it is written beside its target and renamed into place, so a failure
     leaves no file (nor half of one)."""
+    from workbench.analysis.smoothing import check_smoothing
     from workbench.report import report_html
     from workbench.runs.cli import _open_store, _sync_before_reading
 
+    smoothing = check_smoothing(args.smooth, "--smooth")
     out = Path(args.out) if args.out else Path(f"report-{slug(args.group)}.html")
     if args.out != "-" and not out.resolve().parent.is_dir():
         raise ValueError(f"--out={args.out!r}: the folder {str(out.resolve().parent)!r} does not exist")
@@ -126,7 +128,7 @@ def _cmd_report(args) -> int:
         raise ValueError(f"--out={args.out!r} is a folder: name the HTML file to write")
     store = _open_store()
     _sync_before_reading(store)
-    text = report_html(store, args.group, metric=args.metric, window=args.window)
+    text = report_html(store, args.group, metric=args.metric, window=args.window, smoothing=smoothing)
     if args.out == "-":
         sys.stdout.write(text)
         return 0
@@ -173,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--metric", help="the verdict's metric (default: eval/reward if logged, else reward)")
     rep.add_argument("--window", type=float, default=DEFAULT_WINDOW_FRAC,
                      help="final fraction of each run's steps that scores it")
+    rep.add_argument("--smooth", type=float, default=0.0, metavar="W",
+                     help="EMA weight of the curves, 0 (off, the default) to 0.99, as TensorBoard's slider: each seed "
+                     "is smoothed before the mean and band; the verdict always uses the raw values")
     rep.set_defaults(func=_cmd_report)
     # export is pure text below the run layer: the run store and the settings are handed in from here
     add_export_parser(sub, resolve_run=_stored_recipe, slurm_defaults=_slurm_defaults)

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis import DEFAULT_WINDOW_FRAC
+from workbench.analysis.smoothing import RAW_VERDICT_NOTE, check_smoothing
 from workbench.runs import Run, RunError
 
 REPORT_PACKAGES = ("torch", "transformers", "accelerate", "plotly", "scipy")  # versions the provenance lists
@@ -167,9 +168,10 @@ def _curves_section(frame: pd.DataFrame, smoothing: float) -> tuple[str, int]:
     charts = arm_figures(frame, keys, smoothing=smoothing, legend=True)  # a report's chart stands alone
     if not charts:
         return "<h2>Curves</h2><p>No metric logged yet.</p>", 0
-    how = f"EMA smoothing {smoothing:g} of each seed before the mean" if smoothing else "no smoothing"
-    return (f"<h2>Curves</h2><p class='caption'>Mean over seeds per arm ({how}); each chart's caption names "
-            f"its band (the default: {_e(BANDS['ci'].caption(0.95))}).</p>"
+    how = (f"smoothing: EMA weight {smoothing:g}, each seed smoothed before the mean and band over seeds"
+           if smoothing else "smoothing: off, raw logged values")
+    return (f"<h2>Curves</h2><p class='caption' data-smoothing='{smoothing!r}'>Mean over seeds per arm ({how}); "
+            f"each chart's caption names its band (the default: {_e(BANDS['ci'].caption(0.95))}).</p>"
             + _figures([c.figure for c in charts.values()], [" · ".join(filter(None, (c.styles, c.note, c.caption))) for c in charts.values()], with_plotlyjs=True),
             len(charts))
 
@@ -180,7 +182,7 @@ def _verdict_section(frame: pd.DataFrame, metric: str, window: float) -> str:
     result = verdict(frame, metric, window)
     pairs = _table(result.pairs, NUMBER_FORMATS, "verdict-pairs") if len(result.pairs) else ""
     return (f"<h2>Verdict</h2><p><b>{_e(metric)}</b>, score of a run = its mean over the {_e(result.window)}; "
-            "intervals at 95%.</p>" + _table(result.arms, NUMBER_FORMATS, "verdict-arms") + pairs)
+            f"intervals at 95%; {_e(RAW_VERDICT_NOTE)}.</p>" + _table(result.arms, NUMBER_FORMATS, "verdict-arms") + pairs)
 
 
 def _sweep_section(frame: pd.DataFrame, runs: list[Run], metric: str, window: float, offset: int) -> tuple[str, int]:
@@ -226,13 +228,15 @@ def report_html(store, group: str, *, metric: str | None = None, window: float =
 
     ``metric``: the verdict's and the sweep's metric (default ``analysis.default_metric``: the
     held-out eval reward once logged, else the training reward); ``window``: the final share of
-    each run's logged steps that scores it; ``smoothing``: EMA weight of the curves (0: raw);
-    ``prov``: the provenance shown (default: ``provenance()``, read now).
+    each run's logged steps that scores it; ``smoothing``: EMA weight of the curves, each seed
+    smoothed before the mean and band (0: raw; recorded in the Curves section; the verdict is
+    always of raw values); ``prov``: the provenance shown (default: ``provenance()``, read now).
     RunError naming the group when it has no runs or the metric when no run logged it; ValueError
-    naming the window when it is not in (0, 1]."""
+    naming the window when it is not in (0, 1] or the smoothing when it is not in [0, 0.99]."""
     from workbench.analysis import default_metric
     from workbench.runs.cli import check_logged, group_arms  # compare's wording of a bad group / metric
 
+    smoothing = check_smoothing(smoothing)
     arms = group_arms(store, group)
     runs = [r for rs in arms.values() for r in rs]
     frame = store.arm_metrics([r.id for r in runs])

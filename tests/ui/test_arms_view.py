@@ -166,3 +166,22 @@ def test_a_chart_caption_that_comes_and_goes_does_not_change_the_pages_shape(hom
     after = [c.value for c in at.caption]
     assert len(after) == len(shape) and len(at.get("plotly_chart")) == n_charts
     assert any(c.startswith("rloo: 3 seeds") or "rloo: 3 seeds" in c for c in after if c), after
+
+
+def test_captions_name_the_smoothing_and_the_verdict_scores_raw_values(home, arms):
+    """Smoothing acts on each seed before the mean and band, and the caption gives its weight; the
+    verdict table is of the raw values whatever the slider says, and its caption says so."""
+    at = page("compare_page").run()  # EMA 0.6 by default
+    assert any(c.value.startswith("Mean over seeds per arm: ") and c.value.endswith(
+        "each seed smoothed first (EMA weight 0.6, debiased as in TensorBoard), then averaged: the band spreads the "
+        "smoothed seeds") for c in at.caption), [c.value for c in at.caption]
+    assert any("score of a run = its mean over the" in c.value and c.value.endswith(
+        "verdicts use the raw logged values (smoothing applies to the curves only).") for c in at.caption)
+    verdict = at.dataframe[0].value.to_dict()
+    at.slider(key="compare_smoothing").set_value(0.99).run()  # the slider's end
+    assert not at.exception
+    assert any("(EMA weight 0.99," in c.value for c in at.caption)
+    assert at.dataframe[0].value.to_dict() == verdict
+    at.slider(key="compare_smoothing").set_value(0.0).run()
+    assert not any("smoothed" in c.value for c in at.caption)
+    assert at.dataframe[0].value.to_dict() == verdict

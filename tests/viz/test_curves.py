@@ -46,8 +46,10 @@ def test_ema_skips_missing_values():
 
 
 def test_ema_rejects_weight_out_of_range():
-    with pytest.raises(ValueError, match=r"smoothing=1\.0 is not allowed; use a weight in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"smoothing=1\.0 is not allowed; an EMA weight from 0 \(off\) to 0\.99"):
         ema([1.0], 1.0)
+    with pytest.raises(ValueError, match=r"smoothing=-0\.5 is not allowed"):
+        metric_figure(frame(), "reward", smoothing=-0.5)  # a negative weight is refused, not drawn raw
 
 
 def test_one_metric_panel_has_one_trace_per_run():

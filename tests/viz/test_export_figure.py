@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -15,9 +16,10 @@ import pytest
 from tests.helpers import missing_component
 from workbench.viz.arms import arm_figures, sweep_figures
 from workbench.viz.export_figure import (CSV_COLUMNS, DEFAULT_WIDTH, FORMATS, ExportError, browser_path, figure_bytes,
-                                         file_name)
+                                         file_name, static_export_problem)
 
 CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def arms_frame() -> pd.DataFrame:
@@ -53,8 +55,8 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_png_is_a_png_at_the_requested_scale(reward_figure, chromium, monkeypatch):
-    monkeypatch.delenv("BROWSER_PATH", raising=False)  # found without being told: /usr/bin/chromium
-    assert browser_path() == str(CHROMIUM)
+    monkeypatch.delenv("BROWSER_PATH", raising=False)  # found without being told: chromium on PATH
+    assert Path(browser_path()).resolve() == CHROMIUM.resolve()  # /bin/chromium where /bin comes first (merged /usr)
     data = figure_bytes(reward_figure, "png", scale=2)
     assert png_size(data) == (2 * DEFAULT_WIDTH, 2 * 300)  # arms figures are 300 px high and as wide as their column
     wide = reward_figure.update_layout(width=500)
@@ -121,9 +123,45 @@ def test_bad_format_and_missing_browser_are_named(reward_figure, monkeypatch, tm
     with pytest.raises(ValueError, match="format='pdf' is not allowed; one of: png, svg, csv"):
         figure_bytes(reward_figure, "pdf")
     monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "nothing"))
-    with pytest.raises(ExportError, match="BROWSER_PATH=.*nothing' is not a file"):
+    with pytest.raises(ExportError, match="BROWSER_PATH=.*nothing' is not a file: .* `apt-get install chromium`"):
         figure_bytes(reward_figure, "png")
     assert figure_bytes(reward_figure, "csv")  # CSV needs no browser
     assert list(FORMATS) == ["png", "svg", "csv"]
     assert file_name("Reward (batch mean)", "png") == "reward-batch-mean.png"
     assert file_name("KL · in loss", "svg") == "kl-in-loss.svg"
+
+
+def test_without_a_chromium_on_path_png_and_svg_say_what_to_install_and_csv_works(reward_figure, monkeypatch,
+                                                                                  tmp_path):
+    """Kaleido's browser is looked up as choreographer does: BROWSER_PATH, else PATH. A server whose
+    PATH holds no Chromium (here: an empty folder) gets the install command, not a traceback."""
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    problem = static_export_problem()
+    assert problem == ("PNG / SVG export needs Chromium, and none is on PATH: `apt-get install chromium` (or set "
+                       "BROWSER_PATH to a Chromium or Chrome executable)")
+    for fmt in ("png", "svg"):
+        with pytest.raises(ExportError) as err:
+            figure_bytes(reward_figure, fmt)
+        assert str(err.value) == problem
+    assert read_csv(figure_bytes(reward_figure, "csv"))["trace"].iloc[0] == "grpo · seed 0"
+
+
+def test_without_kaleido_png_and_svg_say_what_to_install(reward_figure, monkeypatch):
+    """sys.modules[name] = None is Python's own 'this module cannot be imported' (an uninstalled
+    package reads the same to ``import``): the export is told, nothing of it is replaced."""
+    monkeypatch.setitem(sys.modules, "kaleido", None)
+    with pytest.raises(ImportError):
+        import kaleido  # noqa: F401
+    assert static_export_problem() == ("PNG / SVG export needs the kaleido package, which is not installed: "
+                                       "`pip install kaleido==1.5.0`")
+    with pytest.raises(ExportError, match=r"`pip install kaleido==1\.5\.0`"):
+        figure_bytes(reward_figure, "svg")
+    assert figure_bytes(reward_figure, "csv")
+    pinned = [line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("kaleido==")]
+    assert pinned == ["kaleido==1.5.0"]  # the command names the version requirements.txt pins
+
+
+def test_with_chromium_and_kaleido_there_is_no_problem(chromium, monkeypatch):
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    assert static_export_problem() is None

@@ -3,8 +3,8 @@
 Input is a long metrics frame, one row per (run, step): ``run_id``, ``arm`` (a recipe minus its
 seed, supplied by the caller), the x column and the metric. The x column is ``step`` or one the
 caller adds per run (``tokens``, ``wall time``: the x-axis functions of ``workbench.viz.curves``;
-this layer sits below viz and does not import it). Smoothing is also the caller's function (e.g.
-``functools.partial(workbench.viz.curves.ema, weight=0.6)``), applied to each seed's curve before
+this layer sits below viz and does not import it). Smoothing is the caller's function (e.g.
+``functools.partial(workbench.analysis.smoothing.ema, weight=0.6)``), applied to each seed's curve before
 seeds are averaged, so the band shows the spread of the smoothed curves the user sees.
 
 Live runs are at different steps: a point aggregates the seeds that have reached it, the count is
@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.smoothing import smoothing_caption
 from workbench.analysis.stats import check_columns, check_fraction, mean_interval
 
 Smoother = Callable[[np.ndarray], np.ndarray]  # (N,) -> (N,): one seed's values in x order
@@ -222,11 +223,13 @@ def clip_note(bounds: Bounds) -> str:
     return ""
 
 
-def aggregation_caption(curve: pd.DataFrame, x: str = "step", confidence: float = 0.95, band: str = "ci") -> str:
+def aggregation_caption(curve: pd.DataFrame, x: str = "step", confidence: float = 0.95, band: str = "ci",
+                        smoothing: float = 0.0) -> str:
     """What each arm's mean curve aggregates, for the chart's caption, from ``mean_curve_with_band``'s
-    frame drawn against x-axis ``x`` with band ``band``. E.g. ``grpo: 3 seeds to step 40, then 2 to
-    step 55 · rloo: 3 seeds · band: 95% t-interval over seeds where >= 2``. More than 3 changes of
-    count are summarised as a range."""
+    frame drawn against x-axis ``x`` with band ``band``, each seed smoothed first with EMA weight
+    ``smoothing`` (0: raw, and the caption says nothing of it). E.g. ``grpo: 3 seeds to step 40,
+    then 2 to step 55 · rloo: 3 seeds · band: 95% t-interval over seeds where >= 2 · each seed
+    smoothed first (EMA weight 0.6, ...)``. More than 3 changes of count are summarised as a range."""
     position = X_POSITIONS.get(x, lambda v: f"{v:g}")
     parts = []
     for arm, rows in curve.groupby("arm", sort=False):
@@ -239,4 +242,5 @@ def aggregation_caption(curve: pd.DataFrame, x: str = "step", confidence: float 
         else:
             text = f"{rows['n_seeds'].min()}-{rows['n_seeds'].max()} seeds per point"
         parts.append(f"{arm}: {text}")
-    return " · ".join(parts + [f"band: {BANDS[check_band(band)].caption(confidence)}"])
+    return " · ".join(filter(None, parts + [f"band: {BANDS[check_band(band)].caption(confidence)}",
+                                            smoothing_caption(smoothing)]))

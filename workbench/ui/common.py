@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import runs as wr
+from workbench.analysis.smoothing import RAW_VERDICT_NOTE
 from workbench.analysis.window import DEFAULT_WINDOW_FRAC
 from workbench.recipe import Recipe, RecipeError
 from workbench.runs import ACTIVE_STATUSES, RunStore
@@ -218,7 +219,7 @@ def verdict_table(frame: pd.DataFrame, metric: str, window: float = DEFAULT_WIND
     config = {c: st.column_config.Column(help=h) for c, h in VERDICT_HELP.items()}
     config |= {c: number(format="%.4g", help=VERDICT_HELP.get(c)) for c in ("mean", "IQM", "A − B", "p (Welch)")}
     config["P(A > B)"] = number(format="%.2f", help=VERDICT_HELP["P(A > B)"])
-    st.caption(f"**{metric}**, score of a run = its mean over the {result.window}.")
+    st.caption(f"**{metric}**, score of a run = its mean over the {result.window}; {RAW_VERDICT_NOTE}.")
     st.dataframe(result.arms, hide_index=True, column_config=config)
     if len(result.pairs):
         st.dataframe(result.pairs, hide_index=True, column_config=config)

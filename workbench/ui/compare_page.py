@@ -25,10 +25,11 @@ from workbench.analysis import DEFAULT_WINDOW_FRAC, default_metric, final_window
 from workbench.analysis.stats import DuplicateSeedError
 from workbench.ui.common import STATUS_ICONS, run_labels, run_option, store, verdict_table
 from workbench.analysis.bands import BANDS
+from workbench.analysis.smoothing import MAX_SMOOTHING
 from workbench.report import SWEEP_CAPTION, arm_sweeps, report_html
 from workbench.runs.names import slug
 from workbench.viz.arms import arm_colours, arm_figures, sweep_figures
-from workbench.viz.export_figure import FORMATS, figure_bytes, file_name
+from workbench.viz.export_figure import FORMATS, figure_bytes, file_name, static_export_problem
 from workbench.viz.tables import CONFIDENCE
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
                                   drawn_metrics, final_metrics_table, has_data, legend_html, line_styles, logged_metrics, progress,
@@ -88,8 +89,12 @@ def _controls(ids: list[str], runs) -> dict:
     logged = logged_metrics(_frame(_stamp(ids), tuple(ids)))
     options = chart_options(logged)
     cols = st.columns([1, 2, 3])
-    smoothing = cols[0].slider("Smoothing (EMA weight)", 0.0, 0.95, DEFAULT_SMOOTHING, 0.05, key="compare_smoothing",
-                               help="Debiased exponential moving average, as in TensorBoard / W&B; raw values stay faint.")
+    smoothing = cols[0].slider("Smoothing (EMA weight)", 0.0, MAX_SMOOTHING, DEFAULT_SMOOTHING, 0.01,
+                               key="compare_smoothing",
+                               help="Debiased exponential moving average, as in TensorBoard / W&B (0: off). Per run: "
+                               "the raw values stay faint behind the smoothed line. Arms: each seed is smoothed, then "
+                               "the mean and band are taken over the smoothed seeds. The verdict always scores the "
+                               "raw values.")
     x = cols[1].radio("x-axis", list(X_AXES), horizontal=True, key="compare_x")
     # Streamlit keeps the choice when the options change, dropping what the new selection did not log
     panels = cols[2].multiselect("Charts", options, default=list(PANELS), format_func=_chart_title,
@@ -233,18 +238,29 @@ def _chart_grid(figures: dict, prefix: str, captions: dict[str, str] | None = No
 def _figure_downloads(col, fig, key: str) -> None:
     """PNG / SVG (print resolution, through Kaleido) and CSV (the plotted data) of one chart. The
     file is made only when its button is clicked (Streamlit's deferred download): a PNG takes
-    seconds in a headless Chromium, far too slow for every redraw."""
+    seconds in a headless Chromium, far too slow for every redraw. Where PNG / SVG cannot be made
+    on this server (``static_export_problem``) only CSV is offered; ``_export_notice`` says why."""
     title = fig.layout.title.text or key
-    for cell, fmt in zip(col.columns(len(FORMATS)), FORMATS):
+    formats = [f for f in FORMATS if FORMATS[f].static is False or not static_export_problem()]
+    for cell, fmt in zip(col.columns(len(formats)), formats):
         cell.download_button(fmt.upper(), data=partial(figure_bytes, fig, fmt), file_name=file_name(title, fmt),
                              mime=FORMATS[fmt].mime, key=f"download:{fmt}:{key}", on_click="ignore",
                              help=f"{title} as {FORMATS[fmt].help}")
 
 
+def _export_notice() -> None:
+    """One message for the page when PNG / SVG export cannot work on this server (no Kaleido, no
+    Chromium for it to drive): what is missing and the command that installs it. CSV still works."""
+    problem = static_export_problem()
+    if problem:
+        st.info(f"PNG / SVG downloads are off on this server: {problem}. CSV downloads work.", icon="ℹ️")
+
+
 def _report_download(group: str) -> None:
     """The comparison report of ``group``: one self-contained HTML file that opens offline (made
-    when clicked, from the store as it is then)."""
-    st.download_button("Download report (HTML)", data=partial(report_html, store(), group),
+    when clicked, from the store as it is then), its curves smoothed as the page's slider says."""
+    smoothing = st.session_state.get("compare_smoothing", DEFAULT_SMOOTHING)
+    st.download_button("Download report (HTML)", data=partial(report_html, store(), group, smoothing=smoothing),
                        file_name=f"report-{slug(group)}.html", mime="text/html", key="download:report",
                        on_click="ignore", help="The arms' curves with bands, the verdict table, the sweep view, each "
                        "arm's recipe and the fields in which arms differ, seeds, commit and machine; opens offline. "
@@ -364,6 +380,7 @@ def _live_charts(ids: list[str], controls: dict) -> None:
     """Charts, tables and samples of the chosen view (re-run alone every CHARTS_EVERY_S while live)."""
     labels = run_labels(_selected_runs(ids))
     _chart_help([k for k in controls["panels"] if controls["logged"] & set(resolve_panel(k).metrics)])
+    _export_notice()
     (_arms_view if controls["view"] == "arms" else _per_run_view)(ids, controls, labels)
     _samples(ids, labels)
 

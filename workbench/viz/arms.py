@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
 from workbench.analysis.bands import BANDS, clip_note
+from workbench.analysis.smoothing import check_smoothing
 from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
                                   ema, line_styles, plotted, resolve_panel, with_x, y_range)
 
@@ -80,6 +81,7 @@ def thin(n: int, max_points: int = MAX_POINTS) -> np.ndarray:
 
 
 def _smoother(smoothing: float):
+    """The per-seed smoother ``mean_curve_with_band`` applies before averaging (None: raw)."""
     return partial(ema, weight=smoothing) if smoothing > 0 else None
 
 
@@ -115,7 +117,7 @@ def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: st
     for m, metric in enumerate(present):
         curve = mean_curve_with_band(frame, metric, x, smoothing=_smoother(smoothing), confidence=confidence,
                                      band=band, bounds=panel.meta(metric).bounds)
-        captions.append(aggregation_caption(curve, x, confidence, band))
+        captions.append(aggregation_caption(curve, x, confidence, band, smoothing))
         for arm, rows in _arm_rows(curve):
             name = arm if len(present) == 1 else f"{arm} · {metric.split('/', 1)[-1]}"
             hue = colours[arm]
@@ -160,6 +162,7 @@ def arm_figures(df: pd.DataFrame, panels: list[str], *, x: str = "step", smoothi
     """``arm_figure`` of each chart key (``PANELS`` key or ``metric:NAME``), in the given order
     (the x values computed once). No chart has its own legend by default: the page draws
     ``legend_html(arm_colours(df))`` once, every arm in one colour on every chart."""
+    smoothing = check_smoothing(smoothing)
     frame = with_x(df, x)
     colours = arm_colours(frame)
     return {key: _arm_chart(frame, resolve_panel(key), colours, x, smoothing, show_seeds, confidence, height, band,
@@ -182,6 +185,7 @@ def arm_figure(df: pd.DataFrame, panel: Panel | str, **kwargs) -> ArmChart:
     panel = resolve_panel(panel) if isinstance(panel, str) else panel
     options = {"x": "step", "smoothing": 0.0, "show_seeds": False, "confidence": 0.95, "height": 300, "band": "ci",
                "secondary": False, "legend": True, **kwargs}
+    options["smoothing"] = check_smoothing(options["smoothing"])
     frame = with_x(df, options["x"])
     return _arm_chart(frame, panel, arm_colours(frame), **options)
 

@@ -16,7 +16,8 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from scipy.signal import lfilter
+
+from workbench.analysis.smoothing import check_smoothing, ema
 
 
 @dataclass(frozen=True)
@@ -286,39 +287,13 @@ LEGEND_PLACE = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yan
 # right margin for it), so it never covers the title or the curves; it scrolls when long. The
 # Compare page draws no chart legend at all but one for the page (``legend_html``).
 LEGEND_SIDE = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 10}}
-# TensorBoard's default smoothing: single steps of a small-batch reward are mostly noise.
+# The Live / Compare slider's default, TensorBoard's: single steps of a small-batch reward are
+# mostly noise. Functions default to 0 (off), and so does the report (``--smooth``).
 DEFAULT_SMOOTHING = 0.6
 
 # Distinguishes the metrics of one panel; colours distinguish runs.
 _DASHES = ("solid", "dash", "dot", "dashdot")
 _COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff", "#fecb52")
-
-
-def ema(values, weight: float) -> np.ndarray:
-    """Debiased exponential moving average (TensorBoard / W&B smoothing), NaN-aware.
-
-    s_t = w s_{t-1} + (1 - w) x_t with s_0 = 0, reported as s_t / (1 - w^n_t) where n_t counts the
-    finite values so far: the weighted mean sum_i w^(t-i) x_i / sum_i w^(t-i), so the first point
-    is not pulled towards 0. A NaN (metric missing at a step) stays NaN and does not advance the
-    average. ``weight`` in [0, 1): 0 returns the values unchanged.
-
-    values: (N,) -> (N,) float64.
-    """
-    if not 0.0 <= weight < 1.0:
-        raise ValueError(f"smoothing={weight!r} is not allowed; use a weight in [0, 1)")
-    x = np.asarray(values, dtype=np.float64)
-    if weight == 0.0:
-        return x.copy()
-    out = np.full_like(x, np.nan)
-    ok = np.isfinite(x)
-    if ok.any():
-        # the recursion s_t = w s_{t-1} + (1 - w) x_t over the finite values is the IIR filter
-        # b = [1 - w], a = [1, -w]; the same filter of ones gives the normaliser 1 - w^n_t
-        # (a Python loop took ~0.4 s for the 30 seeds x 16 metrics x 1,000 steps of the arms view)
-        s = lfilter([1.0 - weight], [1.0, -weight], x[ok])
-        norm = lfilter([1.0 - weight], [1.0, -weight], np.ones(int(ok.sum())))
-        out[ok] = s / norm
-    return out
 
 
 SIGNIFICANT_DIGITS = 12
@@ -433,6 +408,7 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
     panel = resolve_panel(panel) if isinstance(panel, str) else panel
     if x not in X_AXES:
         raise ValueError(f"x={x!r} is not allowed; choose one of: {', '.join(X_AXES)}")
+    smoothing = check_smoothing(smoothing)
     labels = labels or {}
     traces = []
     present = drawn_metrics(df, panel, secondary)

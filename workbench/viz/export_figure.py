@@ -3,9 +3,12 @@
 PNG and SVG go through plotly's static export, Kaleido 1.x, which renders the figure with the
 plotly.js bundled in the plotly package inside a headless Chromium. Two choices keep it offline
 and download-free on a fresh machine: the browser is the system's Chromium (``browser_path``:
-``BROWSER_PATH`` if set, else Debian's ``/usr/bin/chromium`` that the browser tests drive, else
-a Chromium or Chrome on ``PATH``; Kaleido never fetches one itself, it raises), and MathJax is
-off (Kaleido's default loads it from a CDN; no chart here typesets TeX).
+``BROWSER_PATH`` if set, the variable Kaleido's browser driver (choreographer) reads, else the
+first Chromium or Chrome on ``PATH``, e.g. Debian's ``/usr/bin/chromium`` that the browser tests
+drive; Kaleido never fetches one itself, it raises), and MathJax is off (Kaleido's default loads
+it from a CDN; no chart here typesets TeX). Where either Kaleido or a browser is missing,
+``static_export_problem`` names it with the command that installs it: the page then offers CSV
+only and says so once.
 
 CSV is the figure's own data, one row per plotted point: ``trace`` (its name), ``x``, ``y``,
 ``band_low``, ``band_high``. A band drawn as a filled outline (``fill="toself"``, the arms view's
@@ -19,6 +22,7 @@ No Streamlit here; a page calls ``figure_bytes`` when the user asks for a file.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -31,8 +35,9 @@ import plotly.graph_objects as go
 PRINT_SCALE = 3  # 700 x 300 layout px -> 2100 x 900 px: 7 x 3 in at 300 dpi, a full-width journal figure
 DEFAULT_WIDTH = 700  # plotly's default width, for figures that size themselves to their container
 DEFAULT_HEIGHT = 500  # plotly's default height
-SYSTEM_CHROMIUM = Path("/usr/bin/chromium")  # Debian's chromium, as tests/e2e/conftest.py uses it
 _CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+INSTALL_KALEIDO = "pip install kaleido==1.5.0"  # the pin of requirements.txt
+INSTALL_CHROMIUM = "apt-get install chromium"  # Debian's, as tests/e2e/conftest.py installs it
 CSV_COLUMNS = ["trace", "x", "y", "band_low", "band_high"]
 
 
@@ -42,20 +47,40 @@ class ExportError(RuntimeError):
 
 def browser_path() -> str:
     """The Chromium Kaleido drives: ``BROWSER_PATH`` if set (the variable choreographer reads),
-    else ``/usr/bin/chromium``, else the first Chromium / Chrome on ``PATH``. ExportError naming
-    what to install when there is none (Kaleido would only suggest downloading one)."""
+    else the first Chromium / Chrome on ``PATH`` (``_CHROMIUM_NAMES``). ExportError naming what to
+    install when there is none (Kaleido would only suggest downloading one)."""
     chosen = os.environ.get("BROWSER_PATH")
     if chosen:
         if not Path(chosen).is_file():
-            raise ExportError(f"BROWSER_PATH={chosen!r} is not a file; point it at a Chromium or Chrome executable")
+            raise ExportError(f"BROWSER_PATH={chosen!r} is not a file: point it at a Chromium or Chrome executable, "
+                              f"or unset it and `{INSTALL_CHROMIUM}`")
         return chosen
-    if SYSTEM_CHROMIUM.is_file():
-        return str(SYSTEM_CHROMIUM)
     found = next((p for p in map(shutil.which, _CHROMIUM_NAMES) if p), None)
     if found is None:
-        raise ExportError("PNG / SVG export needs Chromium: `apt-get install chromium` (or set BROWSER_PATH to a "
-                          "Chromium or Chrome executable)")
+        raise ExportError(f"PNG / SVG export needs Chromium, and none is on PATH: `{INSTALL_CHROMIUM}` (or set "
+                          "BROWSER_PATH to a Chromium or Chrome executable)")
     return found
+
+
+def kaleido_installed() -> bool:
+    """Whether ``import kaleido`` would find the package, without importing it (it pulls in its
+    browser driver: the page and the report do not pay for that until a PNG is asked for)."""
+    try:
+        return importlib.util.find_spec("kaleido") is not None
+    except (ImportError, ValueError):  # sys.modules["kaleido"] = None: Python's "not importable"
+        return False
+
+
+def static_export_problem() -> str | None:
+    """Why PNG / SVG cannot be made on this machine, naming what is missing and the command that
+    installs it (None when both Kaleido and a browser are there). CSV needs neither."""
+    if not kaleido_installed():
+        return f"PNG / SVG export needs the kaleido package, which is not installed: `{INSTALL_KALEIDO}`"
+    try:
+        browser_path()
+    except ExportError as err:
+        return str(err)
+    return None
 
 
 def _size(fig: go.Figure) -> tuple[int, int]:
@@ -79,6 +104,9 @@ def with_legend(fig: go.Figure) -> go.Figure:
 def _image(fig: go.Figure, fmt: str, scale: float) -> bytes:
     """``fig`` rendered by Kaleido as ``fmt`` ('png' | 'svg'), ``scale`` x its layout size, with
     its legend (``with_legend``)."""
+    problem = static_export_problem()
+    if problem:
+        raise ExportError(problem)
     import kaleido  # imported on first export: the page and the report never pay for it otherwise
     from kaleido.errors import ChromeNotFoundError
 
@@ -160,11 +188,13 @@ def figure_csv(fig: go.Figure) -> bytes:
 
 
 class Format(NamedTuple):
-    """One file format a figure exports to: its MIME type, how the bytes are made, what it is."""
+    """One file format a figure exports to: its MIME type, how the bytes are made, what it is,
+    and whether it is a static image (made by Kaleido in a browser: ``static_export_problem``)."""
 
     mime: str
     render: Callable[[go.Figure, float], bytes]
     help: str
+    static: bool = True
 
 
 FORMATS: dict[str, Format] = {
@@ -173,7 +203,7 @@ FORMATS: dict[str, Format] = {
                   f"{PRINT_SCALE * DEFAULT_WIDTH / 300:g} in at 300 dpi)"),
     "svg": Format("image/svg+xml", lambda fig, scale: _image(fig, "svg", scale), "SVG (vector, for papers and slides)"),
     "csv": Format("text/csv", lambda fig, scale: figure_csv(fig),
-                  "CSV of the plotted data: per trace x, y and its band (low, high)"),
+                  "CSV of the plotted data: per trace x, y and its band (low, high)", static=False),
 }
 
 
