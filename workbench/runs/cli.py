@@ -370,8 +370,9 @@ def _db_status(args) -> int:
     from workbench.runs.dbtools import database_status, resolve_url
 
     status = database_status(resolve_url(args.url, field="--url"))
-    state = "current" if status.current else ("no file yet" if not status.exists else
-                                              "empty" if status.revision is None else "behind: run `db upgrade`")
+    state = ("current" if status.current else "no file yet" if not status.exists
+             else "empty" if status.revision is None and not any(n is not None for n in status.rows.values())
+             else "behind: run `python -m workbench db upgrade`")
     print(f"backend   {status.backend}\nurl       {status.url}\n"
           f"revision  {status.revision or '-'} (code's head {status.head}: {state})")
     for table, rows in status.rows.items():
@@ -385,7 +386,7 @@ def _db_upgrade(args) -> int:
 
     url = resolve_url(args.url, field="--url")
     before, after = upgrade_database(url, _db_principal(url))
-    print(f"{before or 'empty'} -> {after}" + ("" if before != after else " (already at head)"))
+    print(f"{before or 'none'} -> {after}" + ("" if before != after else " (already at head)"))
     return 0
 
 

@@ -145,7 +145,7 @@ def upgrade_database(url: URL, principal: Principal) -> tuple[str | None, str]:
     if before != after:
         with _connection(url, write=True) as conn, conn.begin():
             conn.execute(audit_entry_insert(_entry(principal, "db_upgrade", display_url(url),
-                                                   f"{before or 'empty'} -> {after}")))
+                                                   f"{before or 'none'} -> {after}")))
     return before, after
 
 
