@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
@@ -39,10 +40,32 @@ TINY = 5e-324  # the smallest denormal double: a float column must hold it bit f
 EXACT = 0.1 + 0.2  # 0.30000000000000004
 
 
-def run_cli(home: Path, *argv: str, db: str | None = None) -> subprocess.CompletedProcess:
-    """``python -m workbench ARGV`` with ``home`` as the workbench home and ``WORKBENCH_DB=db`` (unset: None)."""
-    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_DB"}
-    env.update({"WORKBENCH_HOME": str(home), "PYTHONPATH": str(REPO), **({"WORKBENCH_DB": db} if db else {})})
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """``python -m workbench ARGV`` run by its ``main`` in this process (a subprocess costs seconds of
+    imports each), with ``home`` as the workbench home and ``WORKBENCH_DB=db`` (None: unset): the
+    exit code and what it printed, as ``subprocess.run`` gives them."""
+    from workbench.cli import main
+
+    def run(home: Path, *argv: str, db: str | None = None) -> SimpleNamespace:
+        capsys.readouterr()
+        with monkeypatch.context() as env:
+            env.setenv("WORKBENCH_HOME", str(home))
+            if db is None:
+                env.delenv("WORKBENCH_DB", raising=False)
+            else:
+                env.setenv("WORKBENCH_DB", db)
+            code = main(list(argv))
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    return run
+
+
+def python_m_workbench(home: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The same through ``python -m workbench`` in a process of its own (once: the entry point)."""
+    env = {**{k: v for k, v in os.environ.items() if k != "WORKBENCH_DB"}, "WORKBENCH_HOME": str(home),
+           "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "workbench", *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
 
@@ -83,11 +106,11 @@ def source(tmp_path_factory) -> tuple[Path, str]:
     return home, f"sqlite:///{path}"
 
 
-def test_sqlite_to_postgres_and_back_keeps_every_row_and_the_verdicts(source, postgres_server, tmp_path):
+def test_sqlite_to_postgres_and_back_keeps_every_row_and_the_verdicts(run_cli, source, postgres_server, tmp_path):
     home, sqlite_url = source
     pg = postgres_server.new_database()
     pg_with_password = pg.replace("workbench@", "workbench:s3cret@")  # trust auth ignores it; no output shows it
-    to_pg = run_cli(home, "db", "copy", "--from", sqlite_url, "--to", pg_with_password, "--batch", "7")
+    to_pg = python_m_workbench(home, "db", "copy", "--from", sqlite_url, "--to", pg_with_password, "--batch", "7")
     assert to_pg.returncode == 0, to_pg.stderr
     assert "s3cret" not in to_pg.stdout + to_pg.stderr and "workbench:***@" in to_pg.stdout
     back = tmp_path / "back.db"
@@ -142,7 +165,7 @@ def test_sqlite_to_postgres_and_back_keeps_every_row_and_the_verdicts(source, po
     assert counts["runs"] == str(len(original["runs"]) + 1) and counts["audit"] == str(before + 1)
 
 
-def test_a_target_that_holds_rows_is_refused_and_left_as_it_was(source, postgres_server, tmp_path):
+def test_a_target_that_holds_rows_is_refused_and_left_as_it_was(run_cli, source, postgres_server, tmp_path):
     home, sqlite_url = source
     pg = postgres_server.new_database()
     record_event(ALICE, "sign_in", store=RunStore(pg))
@@ -157,7 +180,7 @@ def test_a_target_that_holds_rows_is_refused_and_left_as_it_was(source, postgres
     assert len(RunStore(full).audit_entries()) == 1
 
 
-def test_bad_input_is_one_line_and_leaves_nothing(source, tmp_path):
+def test_bad_input_is_one_line_and_leaves_nothing(run_cli, source, tmp_path):
     home, sqlite_url = source
     res = run_cli(home, "db", "copy", "--from", "mysql://bob:hunter2@db/runs", "--to", str(tmp_path / "a.db"))
     assert_one_line_error(res, "--from='mysql://bob:***@db/runs' is not allowed (driver 'mysql')",
@@ -174,7 +197,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(source, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_only_an_admin_copies_into_or_upgrades_a_server_database(source, postgres_server, tmp_path):
+def test_only_an_admin_copies_into_or_upgrades_a_server_database(run_cli, source, postgres_server, tmp_path):
     _, sqlite_url = source
     member_home = tmp_path / "member-home"  # no cli_roles: the CLI is a member on a server database
     member_home.mkdir()
@@ -189,7 +212,7 @@ def test_only_an_admin_copies_into_or_upgrades_a_server_database(source, postgre
         copy_database(store_url(sqlite_url), store_url(pg), ALICE)
 
 
-def test_status_and_upgrade_of_a_store_made_before_alembic(source, tmp_path):
+def test_status_and_upgrade_of_a_store_made_before_alembic(run_cli, source, tmp_path):
     home, _ = source
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as db:
@@ -204,7 +227,13 @@ def test_status_and_upgrade_of_a_store_made_before_alembic(source, tmp_path):
     assert (again.returncode, again.stdout) == (0, "0002 -> 0002 (already at head)\n"), again.stderr
     entries = RunStore(path).audit_entries(action="db_upgrade")
     assert [(e.actor, e.role, e.detail) for e in entries] == [(local_user_name(), "admin", "none -> 0002")]
-    assert "revision  0002 (code's head 0002: current)" in run_cli(home, "db", "status", "--url", str(path)).stdout
+    # a command that does not train imports no torch (its own process: this one has torch loaded by other tests)
+    code = (f"import sys\nfrom workbench.cli import main\ncode = main(['db', 'status', '--url', {str(path)!r}])\n"
+            "print(code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                         "WORKBENCH_HOME": str(home)}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "revision  0002 (code's head 0002: current)" in out.stdout and out.stdout.splitlines()[-1] == "0 False"
 
 
 def test_a_nan_stays_nan_between_postgres_databases_and_is_refused_by_sqlite(postgres_server, tmp_path):
