@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.runs.helpers import held_cpu_slot
 from tests.runs.test_store import OLDEST_RUNS_TABLE
 from tests.test_cli import assert_one_line_error, cli, leftovers
 from workbench.analysis import final_window_values, pairwise
-from workbench.runs import (MAX_RUNS_PER_LAUNCH, RunError, RunStore, Settings, cancel, parse_sweep, plan_runs,
+from workbench.runs import (MAX_RUNS_PER_LAUNCH, RunError, RunStore, parse_sweep, plan_runs,
                             quickstart_plan)
-from workbench.runs.settings import save_settings
-from workbench.runs.launchers.local import _start_time
 from workbench.runs.authz import local_principal
 
 # ---- the plan: pure, validated, torch-free -----------------------------------------------------
@@ -114,19 +112,8 @@ def test_quick_comparison_is_three_arms_by_three_seeds():
 def full_queue(tmp_path, monkeypatch):
     """A home whose only CPU slot is held by a live `sleep` posing as a running local run."""
     monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
-    save_settings(Settings(cpu_slots=1, gpu_slots=0))
-    store = RunStore()
-    store.create_run(run_id="blocker", name="blocker", algorithm="grpo", recipe_yaml="name: blocker\n", total_steps=1,
-                     target="local", launcher="local", host="localhost", created_by="t", run_dir=str(tmp_path / "nowhere"))
-    sleeper = subprocess.Popen(["sleep", "600"])
-    store.update_run("blocker", handle={"pid": sleeper.pid, "pgid": sleeper.pid, "start_time": _start_time(sleeper.pid)})
-    store.set_status("blocker", "running")
-    yield store
-    for run in store.runs(["queued", "starting", "running"]):
-        if run["id"] != "blocker":
-            cancel(run["id"], principal=local_principal(), store=store, grace_s=1.0)
-    sleeper.kill()
-    sleeper.wait()
+    with held_cpu_slot(tmp_path, local_principal()) as store:
+        yield store
 
 
 def test_cli_seeds_2_sweep_2_values_launches_exactly_4_runs(full_queue, tmp_path):

@@ -7,19 +7,17 @@ slot is held (nothing trains)."""
 from __future__ import annotations
 
 import csv
-import subprocess
 import time
 
 import pytest
 
+from tests.runs.helpers import held_cpu_slot
 from tests.test_cli import assert_one_line_error, cli
 from workbench.recipe import load_recipe
 from workbench.runs import (PermissionDenied, Principal, RunStore, Settings, cancel, delete, edit_run, launch,
                             launch_group, launch_planned, plan_runs, resume, update_settings)
-from workbench.runs.launchers.local import _start_time
 from workbench.runs.records import AUDIT_ACTIONS, AuditEntry, RunError
 from workbench.runs.service import audit_log, record_event, record_refused_sign_in
-from workbench.runs.settings import save_settings
 
 ALICE = Principal("alice", "member", "oidc", address="10.0.0.8")
 BOB = Principal("bob", "member", "shared password", address="10.0.0.9")
@@ -34,19 +32,8 @@ def queue_home(store_location, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
     if isinstance(store_location, str):
         monkeypatch.setenv("WORKBENCH_DB", store_location)
-    save_settings(Settings(cpu_slots=1, gpu_slots=0))
-    store = RunStore()
-    store.create_run(run_id="blocker", name="blocker", algorithm="grpo", recipe_yaml="name: blocker\n", total_steps=1,
-                     target="local", launcher="local", host="localhost", created_by="t", run_dir=str(tmp_path / "nowhere"))
-    sleeper = subprocess.Popen(["sleep", "600"])
-    store.update_run("blocker", handle={"pid": sleeper.pid, "pgid": sleeper.pid, "start_time": _start_time(sleeper.pid)})
-    store.set_status("blocker", "running")
-    yield store, tmp_path
-    for run in store.runs(["queued", "starting", "running"]):
-        if run.id != "blocker":
-            cancel(run.id, principal=ADMIN, store=store, grace_s=1.0)
-    sleeper.kill()
-    sleeper.wait()
+    with held_cpu_slot(tmp_path, ADMIN) as store:
+        yield store, tmp_path
 
 
 def _entries(store) -> list[tuple]:

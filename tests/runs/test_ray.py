@@ -16,10 +16,11 @@ import pytest
 
 from tests.engine.stalling_rewards import STALL_ENV
 from tests.engine.test_checkpoint import STALLING
+from tests.runs.helpers import sync_until
 from tests.runs.rayhead import start_head
 from tests.runs.sshd import free_port
 from workbench.recipe import load_recipe
-from workbench.runs import (ConfigError, LaunchError, RunStore, Settings, cancel, launch, launch_group, resume, sync,
+from workbench.runs import (ConfigError, LaunchError, RunStore, Settings, cancel, launch, launch_group, resume,
                             wait)
 from workbench.runs.authz import local_principal
 from workbench.runs.launchers import LAUNCHERS, ray_jobs
@@ -58,18 +59,6 @@ def cluster(head, **fields) -> Settings:
     env_vars = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **fields.pop("env_vars", {})}
     fields = {"address": head.address, "python": sys.executable, "num_cpus": 1, **fields}
     return Settings(ray=RayCluster(runtime_env={"env_vars": env_vars}, **fields))
-
-
-def sync_until(store, settings, run_id, predicate, timeout=240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sync(store, settings)
-        run = store.get_run(run_id)
-        if predicate(run):
-            return run
-        assert not run.terminal, f"run ended {run['status']}: {run['error']}"
-        time.sleep(0.3)
-    raise AssertionError(f"timed out; run is {dict(store.get_run(run_id))}")
 
 
 def job_status_when_over(head, job_id: str, timeout: float = 60.0) -> str:

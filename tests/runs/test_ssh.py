@@ -18,9 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.runs.helpers import sync_until
 from tests.runs.sshd import free_port, start_sshd
 from workbench.recipe import load_recipe
-from workbench.runs import LaunchError, RunStore, Settings, SSHHost, cancel, launch, sync, wait
+from workbench.runs import LaunchError, RunStore, Settings, SSHHost, cancel, launch, wait
 from workbench.runs.launchers import ssh  # registers "ssh"
 from workbench.runs.service import launcher_for
 from workbench.runs.authz import Principal, local_principal
@@ -54,17 +55,6 @@ def store(fresh_home):
     ssh.stop_followers()
 
 
-def _sync_until(store, settings, run_id, predicate, timeout=240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sync(store, settings)
-        run = store.get_run(run_id)
-        if predicate(run):
-            return run
-        time.sleep(0.2)
-    raise AssertionError(f"timed out; run is {store.get_run(run_id)}")
-
-
 def test_stream_killed_mid_run_reattaches_and_every_step_lands_once(remote, store):
     settings, workdir = remote
     recipe = load_recipe("grpo", [f"train.steps={STEPS}"])
@@ -76,7 +66,7 @@ def test_stream_killed_mid_run_reattaches_and_every_step_lands_once(remote, stor
     assert (remote_dir / "recipe.yaml").read_text() == recipe.to_yaml()
 
     # ingest until a few steps are in and the long-lived `ssh ... tail -F` follower is attached
-    run = _sync_until(store, settings, run_id, lambda r: r["last_step"] >= 2 and ssh.follower_pid(run_id))
+    run = sync_until(store, settings, run_id, lambda r: r["last_step"] >= 2 and ssh.follower_pid(run_id))
     follower = ssh.follower_pid(run_id)
     assert Path(f"/proc/{follower}/cmdline").read_bytes().split(b"\0")[0] == b"ssh"
     os.kill(follower, signal.SIGKILL)  # the link drops
@@ -109,7 +99,7 @@ def test_stream_killed_mid_run_reattaches_and_every_step_lands_once(remote, stor
 def test_cancel_reaches_the_remote_process(remote, store):
     settings, workdir = remote
     run_id = launch(load_recipe("grpo", ["train.steps=10000"]), target="ssh://testhost", principal=local_principal(), store=store, settings=settings)
-    run = _sync_until(store, settings, run_id, lambda r: r["last_step"] >= 1)
+    run = sync_until(store, settings, run_id, lambda r: r["last_step"] >= 1)
     pgid = run["handle"]["pgid"]
     cancel(run_id, principal=local_principal(), store=store, settings=settings, grace_s=30)
     run = store.get_run(run_id)

@@ -125,6 +125,7 @@ RULES: dict[str, Rule] = {
     "edit": Rule("member", own_run=True),  # name, tags, notes
     "settings": Rule("admin"),
     "audit": Rule("admin"),  # read the audit log
+    "database": Rule("admin"),  # upgrade or copy a server database (`python -m workbench db`, runs/dbtools.py)
 }
 ACTIONS = tuple(RULES)
 

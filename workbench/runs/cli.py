@@ -7,6 +7,7 @@
     compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
     import PATH [--format F] [--config FILE] [--group G] [--arm A] [--seed S] [--name N] [--tag T] [--notes TEXT]
+    db status [--url URL] | db upgrade [--url URL] | db copy --from URL --to URL [--batch N]
 
 Who acts: the CLI acts as the local OS user (the passwd name of its uid; ``workbench.runs.roles.cli_principal``).
 On the local store file of the workbench home it is an admin: that user can read and write the
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from workbench.analysis.window import DEFAULT_WINDOW_FRAC  # imports nothing: the parser stays light
 from workbench.console import report as _fail  # one line `error: ...`, exit 2, as workbench.cli.main
+
+DEFAULT_COPY_BATCH = 2000  # rows per batch of `db copy` (workbench.runs.dbtools.COPY_BATCH_ROWS; the parser stays light)
 
 # Errors raised here reach workbench.cli.main, which prints them as one line `error: ...`, exit 2.
 
@@ -335,6 +338,73 @@ def _cmd_import(args) -> int:
     return 0
 
 
+def _db_principal(*urls):
+    """The CLI's principal for the server database among ``urls`` (``roles.cli_principal`` as if
+    ``WORKBENCH_DB`` named it), else for the local files (admin)."""
+    from workbench.runs.database import sqlite_path
+    from workbench.runs.roles import SERVER_STORE_ENV, cli_principal
+
+    server = next((url for url in urls if sqlite_path(url) is None), None)
+    env = {} if server is None else {SERVER_STORE_ENV: server.render_as_string(hide_password=False)}
+    return cli_principal(env=env)
+
+
+_DB_OPTIONS = {"status": ("url",), "upgrade": ("url",), "copy": ("source", "target", "batch")}  # the options each takes
+_DB_FLAGS = {"url": "--url", "source": "--from", "target": "--to", "batch": "--batch"}
+
+
+def _cmd_db(args) -> int:
+    """``db ACTION``, after checking that only that action's options are given (and copy's all)."""
+    given = [name for name, flag in _DB_FLAGS.items() if getattr(args, name) is not None and name not in
+             _DB_OPTIONS[args.action] and not (name == "batch" and args.batch == DEFAULT_COPY_BATCH)]
+    if given:
+        return _fail(f"db {args.action} takes no {', '.join(_DB_FLAGS[n] for n in given)}; it takes: "
+                     f"{', '.join(_DB_FLAGS[n] for n in _DB_OPTIONS[args.action]) or 'no options'}")
+    if args.action == "copy" and not (args.source and args.target):
+        return _fail("db copy needs --from URL (the store to read) and --to URL (the empty store to write)")
+    return _DB_ACTIONS[args.action](args)
+
+
+def _db_status(args) -> int:
+    """Backend, URL (password masked), revision vs the code's head, rows per table; reads only."""
+    from workbench.runs.dbtools import database_status, resolve_url
+
+    status = database_status(resolve_url(args.url, field="--url"))
+    state = ("current" if status.current else "no file yet" if not status.exists
+             else "empty" if status.revision is None and not any(n is not None for n in status.rows.values())
+             else "behind: run `python -m workbench db upgrade`")
+    print(f"backend   {status.backend}\nurl       {status.url}\n"
+          f"revision  {status.revision or '-'} (code's head {status.head}: {state})")
+    for table, rows in status.rows.items():
+        print(f"  {table:<12} {'-' if rows is None else rows:>10}")
+    return 0
+
+
+def _db_upgrade(args) -> int:
+    """The migrations to head (idempotent): prints ``FROM -> TO``."""
+    from workbench.runs.dbtools import resolve_url, upgrade_database
+
+    url = resolve_url(args.url, field="--url")
+    before, after = upgrade_database(url, _db_principal(url))
+    print(f"{before or 'none'} -> {after}" + ("" if before != after else " (already at head)"))
+    return 0
+
+
+def _db_copy(args) -> int:
+    """Every table of one store into an empty other one (either backend), in one transaction."""
+    from workbench.runs.dbtools import copy_database, resolve_url
+
+    source, target = resolve_url(args.source, field="--from"), resolve_url(args.target, field="--to")
+    done = copy_database(source, target, _db_principal(target, source), batch_rows=args.batch)
+    print(f"copied {done.source} -> {done.target} in {done.seconds:.1f} s")
+    for table, rows in done.rows.items():
+        print(f"  {table:<12} {rows:>10}")
+    return 0
+
+
+_DB_ACTIONS = {"status": _db_status, "upgrade": _db_upgrade, "copy": _db_copy}
+
+
 _RUN_ACTIONS = {"show": _show_run, "logs": lambda store, run, args: _print_logs(store, run, args.follow),
                 "cancel": _cancel_run, "resume": _resume_run, "delete": _delete_run}
 
@@ -390,3 +460,12 @@ def add_run_parsers(sub) -> None:
     i.add_argument("--tag", action="append", default=[])
     i.add_argument("--notes", default="")
     i.set_defaults(func=_cmd_import)
+    d = sub.add_parser("db", help="the store's database: status, upgrade to the code's schema, copy to another store "
+                       "(e.g. a team's SQLite file into PostgreSQL)")
+    d.add_argument("action", choices=list(_DB_ACTIONS))
+    d.add_argument("--url", help="status / upgrade: the store (a URL or a SQLite file; default: WORKBENCH_DB, else "
+                   "the home's runs.db)")
+    d.add_argument("--from", dest="source", help="copy: the store to read (sqlite:///PATH, a path, or postgresql://...)")
+    d.add_argument("--to", dest="target", help="copy: the EMPTY store to write (a new file or database)")
+    d.add_argument("--batch", type=int, default=DEFAULT_COPY_BATCH, metavar="N", help="copy: rows per batch (1-1000000)")
+    d.set_defaults(func=_cmd_db)

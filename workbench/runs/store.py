@@ -462,13 +462,9 @@ class RunStore:
     def record_audit(self, entry: AuditEntry) -> None:
         """Append one entry (its action one of ``AUDIT_ACTIONS``; ``detail`` one line, cut at
         ``MAX_AUDIT_DETAIL`` characters)."""
-        if entry.action not in AUDIT_ACTIONS:
-            raise RunError(f"action={entry.action!r} is not allowed; one of: {', '.join(AUDIT_ACTIONS)}")
+        insert = audit_entry_insert(entry)
         with self._write() as conn:
-            conn.execute(sa.insert(audit).values(
-                at=float(entry.at), actor=_one_line(entry.actor, 200), role=_one_line(entry.role, 50),
-                auth=_one_line(entry.auth, 200), action=entry.action, target=_one_line(entry.target, MAX_AUDIT_DETAIL),
-                detail=_one_line(entry.detail, MAX_AUDIT_DETAIL), address=_one_line(entry.address, 200)))
+            conn.execute(insert)
 
     def audit_entries(self, *, limit: int = 1000, since: float | None = None, actor: str | None = None,
                       action: str | None = None) -> list[AuditEntry]:
@@ -551,6 +547,18 @@ class RunStore:
             query = query.where(table.c.step == step)
         with self._read() as conn:
             return conn.execute(query.order_by(table.c.run_id, table.c.step)).all()
+
+
+def audit_entry_insert(entry: AuditEntry) -> sa.Insert:
+    """The INSERT of one audit entry (its action one of ``AUDIT_ACTIONS``, else RunError; each
+    field one line, cut to its limit), for a caller's own transaction (``RunStore.record_audit``;
+    ``dbtools.copy_database`` records the copy in the transaction that writes it)."""
+    if entry.action not in AUDIT_ACTIONS:
+        raise RunError(f"action={entry.action!r} is not allowed; one of: {', '.join(AUDIT_ACTIONS)}")
+    return sa.insert(audit).values(
+        at=float(entry.at), actor=_one_line(entry.actor, 200), role=_one_line(entry.role, 50),
+        auth=_one_line(entry.auth, 200), action=entry.action, target=_one_line(entry.target, MAX_AUDIT_DETAIL),
+        detail=_one_line(entry.detail, MAX_AUDIT_DETAIL), address=_one_line(entry.address, 200))
 
 
 def _unique_seed_index() -> sa.Index:
