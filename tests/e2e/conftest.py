@@ -110,6 +110,6 @@ def browser_page(chromium, server):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(180_000)  # a liveness bound on a machine shared with the other test partition
         yield page
         browser.close()

@@ -38,7 +38,16 @@ DRAWN_CHARTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
 FAILURE_SHOT = Path("/tmp") / "wb-e2e-failure.png"
 
 
+# Every wait in the browser tests is a liveness bound, not a speed claim: `make test` runs this
+# partition beside another on 2 cores, where a Streamlit rerun takes several times what it takes
+# alone (a launch's message once took over 60 s to show there, seconds alone).
+LOADED_MACHINE_FACTOR = 3
+
+
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.5, page=None):
+    """Poll ``predicate`` until it is truthy (returned) or ``timeout`` x LOADED_MACHINE_FACTOR
+    seconds pass (fails with a screenshot and the page's text)."""
+    timeout *= LOADED_MACHINE_FACTOR
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()

@@ -61,7 +61,7 @@ def test_a_launch_at_the_bottom_answers_there_once_and_opens_the_run(browser_pag
     go.dblclick()
     page.evaluate(CLICK_BURST)
     message = page.get_by_text("Launched run")
-    message.wait_for()
+    wait_until(lambda: message.is_visible(), 60, "the launch's message", page=page)
     page.wait_for_timeout(1500)  # a queued duplicate would have been recorded by now
     assert in_viewport(message, page), "the launch's message is outside the viewport"
     link = page.get_by_role("link", name="Open Live / Compare")

@@ -197,7 +197,7 @@ def user_page(browser):
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     context.route("https://**/*", lambda route: route.abort())
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(180_000)  # a liveness bound on a machine shared with the other test partition
     forger = ClickForger(page)
     try:
         yield page, forger

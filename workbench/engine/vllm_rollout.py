@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -80,7 +81,9 @@ def preserved_process_state() -> Iterator[None]:
 def _raises_when_probed(value: object) -> bool:
     """Whether ``hasattr(value, "__dict__")`` raises (not just answers False)."""
     try:
-        hasattr(value, "__dict__")
+        with warnings.catch_warnings():  # deprecated module attributes warn when read; vLLM's scan warns anyway
+            warnings.simplefilter("ignore")
+            hasattr(value, "__dict__")
     except Exception:  # noqa: BLE001 - any error is what the scan below would die of
         return True
     return False
