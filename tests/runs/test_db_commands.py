@@ -251,3 +251,16 @@ def test_a_nan_stays_nan_between_postgres_databases_and_is_refused_by_sqlite(pos
         copy_database(store_url(pg), store_url(target), local_principal())
     assert list(tmp_path.iterdir()) == []  # the file the copy made is gone again
     dispose_engines()
+
+
+def test_a_file_that_is_not_a_database_is_one_line_for_every_command(run_cli, source, tmp_path):
+    """sqlite3 raises DatabaseError (not OperationalError) for such a file: each command says so in
+    one line, exit 2, and neither changes the file nor leaves a target behind."""
+    home, _ = source
+    junk = tmp_path / "junk.db"
+    junk.write_text("a text file, not a SQLite database\n")
+    for argv in (("db", "status", "--url", str(junk)), ("db", "upgrade", "--url", str(junk)),
+                 ("db", "copy", "--from", str(junk), "--to", str(tmp_path / "new.db"))):
+        assert_one_line_error(run_cli(home, *argv), "junk.db cannot be used: file is not a database")
+    assert junk.read_text() == "a text file, not a SQLite database\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.db"]

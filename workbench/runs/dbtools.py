@@ -100,7 +100,7 @@ def _connection(url: URL, *, write: bool = False) -> Iterator[Connection]:
             if write:
                 conn.execution_options(**{WRITE: True})
             yield conn
-    except (sa_exc.OperationalError, sa_exc.InterfaceError) as err:
+    except sa_exc.DBAPIError as err:  # unreachable, not a database (a text file), refused (permissions): one line
         reason = " ".join(str(getattr(err, "orig", None) or err).split())
         raise StoreError(f"database {display_url(url)} cannot be used: {reason}") from err
 
