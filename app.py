@@ -8,10 +8,12 @@ import streamlit as st
 
 from workbench import runs as wr
 from workbench.ui import auth
+from workbench.ui.common import drop_flights_elsewhere
 from workbench.ui.nav import navigation
 
 st.set_page_config(page_title="RL Workbench", page_icon=":material/science:", layout="wide")
 page = st.navigation(navigation(), expanded=True)  # every section in full: a learner sees the path
 auth.sidebar()
 wr.ensure_collector()
+drop_flights_elsewhere(page.url_path)  # a launch clicked on a page the user has left never happens
 page.run()

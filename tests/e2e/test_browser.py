@@ -46,7 +46,7 @@ LOADED_MACHINE_FACTOR = 3
 
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.5, page=None):
     """Poll ``predicate`` until it is truthy (returned) or ``timeout`` x LOADED_MACHINE_FACTOR
-    seconds pass (fails with a screenshot and the page's text)."""
+    seconds pass (fails with a screenshot, the page's messages and the start of its text)."""
     timeout *= LOADED_MACHINE_FACTOR
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -57,7 +57,8 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.5, page=Non
     text = ""
     if page is not None:
         page.screenshot(path=str(FAILURE_SHOT), full_page=True)
-        text = page.locator("section.main, [data-testid='stMain']").first.inner_text()[:1500]
+        alerts = [a.inner_text() for a in page.locator("[data-testid='stAlert'], [data-testid='stException']").all()]
+        text = f"messages: {alerts}; " + page.locator("section.main, [data-testid='stMain']").first.inner_text()[:1500]
     pytest.fail(f"timed out after {timeout} s waiting for {what}; screenshot {FAILURE_SHOT}; page text: {text}")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Callable, Iterable
 
@@ -142,9 +141,20 @@ def remember_launch(ids: list[str], group: str | None) -> None:
 # launch and that assignment have no Streamlit call between them), and ends once they are
 # remembered: every click in between finds it and adds nothing.
 
-#: A flight that has not launched within this long (the user left the page mid-rerun) is dropped,
-#: not launched when the page is next drawn.
-FLIGHT_TTL_S = 30.0
+# A flight is carried out by the rerun of the page that made it, however long that rerun takes (a
+# time limit dropped slow launches on a loaded server: the button stayed disabled, nothing said). A
+# flight whose rerun was cut off because the user went to another page is dropped by that page's
+# run (``drop_flights_elsewhere``), so it never launches when its page is next drawn.
+
+#: Session key of each launch button's flight -> the url path of the page that carries it out.
+FLIGHT_PAGES = {"launch_flight": "launch", "quick_flight": "launch"}
+
+
+def drop_flights_elsewhere(url_path: str) -> None:
+    """Called by the app before it runs the page at ``url_path``: flights of other pages are dropped."""
+    for key, home in FLIGHT_PAGES.items():
+        if home != url_path:
+            st.session_state.pop(key, None)
 
 
 def request_flight(key: str) -> None:
@@ -152,7 +162,7 @@ def request_flight(key: str) -> None:
     session may not launch (then the click's rerun only says why: ``guarded_button``). Runs before
     the rerun the click makes, which therefore draws the button disabled."""
     if key not in st.session_state and auth.blocked_reason("launch") is None:
-        st.session_state[key] = {"token": uuid.uuid4().hex, "at": time.time()}
+        st.session_state[key] = {"token": uuid.uuid4().hex}
 
 
 def in_flight(key: str) -> bool:
@@ -163,13 +173,14 @@ def carry_out_flight(key: str, plan: Callable[[], list[wr.PlannedRun]], group: s
                      target: str = "local", tags: Iterable[str] = (), notes: str = "") -> list[str] | None:
     """Launch the flight under ``key`` once: plan it (``plan()``), launch it as this session's
     principal and remember the runs. Returns their ids when this rerun ended the flight, else None
-    (no flight; the form is not ``ready`` or the flight too old: dropped; or the launch failed:
+    (no flight; the form is not ``ready``: dropped; or the launch failed:
     shown, dropped). A flight that launched in an interrupted rerun is only remembered here."""
+    assert key in FLIGHT_PAGES, f"flight {key!r} has no page in FLIGHT_PAGES"
     flight = st.session_state.get(key)
     if flight is None:
         return None
     if "ids" not in flight:
-        if not ready or time.time() - flight["at"] > FLIGHT_TTL_S:
+        if not ready:
             del st.session_state[key]
             return None
         try:

@@ -41,7 +41,7 @@ def target_labels(settings: wr.Settings) -> dict[str, str]:
     return offered
 
 
-#: Session keys of the two launch buttons' flights (``common.request_flight``).
+#: Session keys of the two launch buttons' flights (``common.request_flight``, ``common.FLIGHT_PAGES``).
 FORM_FLIGHT, QUICK_FLIGHT = "launch_flight", "quick_flight"
 
 
