@@ -27,6 +27,7 @@ from tests.engine.stalling_rewards import STALL_ENV, STALL_ONCE_ENV
 from tests.engine.test_checkpoint import STALLING, _final_digest, _metrics_by_step
 from tests.helpers import home_with_tiny_model, live_processes
 from tests.runs.sshd import free_port
+from tests.runs.helpers import sync_until
 from tests.runs.test_ssh import sshd  # noqa: F401  (the fixture: a real sshd on 127.0.0.1)
 from tests.ui.conftest import page
 from workbench.engine.checkpoint import list_checkpoints
@@ -64,18 +65,6 @@ def _stored_metrics(store: RunStore, run_id: str) -> list[tuple[int, dict]]:
         rows = db.execute("SELECT step, data FROM metrics WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
     return [(step, {k: v for k, v in json.loads(data).items() if not k.startswith("perf/") or k == "perf/tokens"})
             for step, data in rows]
-
-
-def _sync_until(store, settings, run_id, predicate, timeout=240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sync(store, settings)
-        run = store.get_run(run_id)
-        assert run["status"] in ("queued", "starting", "running"), run["error"]
-        if predicate(run):
-            return run
-        time.sleep(0.2)
-    raise AssertionError(f"timed out; run is {store.get_run(run_id)}")
 
 
 def _assert_resumed_equals_uninterrupted(store, run_id, run_dir: Path, uninterrupted) -> None:
@@ -153,7 +142,7 @@ def test_ssh_run_killed_after_a_checkpoint_resumes_on_the_host_and_equals_an_uni
                     trust_local_imports=True)  # as the CLI: the test's own reward module
     first = store.get_run(run_id)["handle"]
     remote_dir = Path(first["remote_dir"])
-    _sync_until(store, stalling, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(remote_dir))
+    sync_until(store, stalling, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(remote_dir))
     time.sleep(0.5)  # asleep in step 3's reward now: it cannot reach the next checkpoint
     os.kill(_remote_trainer(first["pgid"]), signal.SIGKILL)
     assert wait(run_id, store=store, settings=stalling, poll_s=0.2, timeout_s=120) == "failed"
@@ -251,7 +240,7 @@ def test_slurm_job_cancelled_after_a_checkpoint_resumes_from_the_button_as_a_new
     run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", principal=local_principal(), store=store, settings=SLURM,
                     trust_local_imports=True)
     run_dir = Path(store.get_run(run_id)["run_dir"])
-    _sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
+    sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
     time.sleep(0.5)
     first_job = store.get_run(run_id)["handle"]["job_id"]
     # TERM (the trainer stops without a final status: WORKBENCH_SIGTERM=interrupt), state CANCELLED
@@ -292,7 +281,7 @@ def test_slurm_job_requeued_after_its_node_went_down_continues_the_run_from_its_
     run_id = launch(load_recipe("grpo", OVERRIDES), target="slurm", principal=local_principal(), store=store, settings=SLURM,
                     trust_local_imports=True)
     run_dir = Path(store.get_run(run_id)["run_dir"])
-    _sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
+    sync_until(store, SLURM, run_id, lambda r: r["last_step"] >= 2 and list_checkpoints(run_dir))
     time.sleep(0.5)
     job_id = store.get_run(run_id)["handle"]["job_id"]
     node = cluster.job(job_id)["NodeList"]
