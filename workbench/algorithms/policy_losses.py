@@ -272,7 +272,7 @@ SPECS: dict[str, Spec] = by_name(
           "TRL folds token-level rollout IS weights into w and refuses sequence-level ones; here the IS weight "
           "multiplies the loss as for every loss.",
           "The peak of phi (at w = k / lambda) is at most 10: TRL's defaults peak at 1.21 (A >= 0) and 1.24 (A < 0).",
-          "TRL aggregates it by token-mean."), level="token",
+          "TRL aggregates it by token-mean."), preset="vespo", level="token",
          inert_when=at_ratio_one(*(k.field for k in VESPO_KNOBS), what="w = 1 and phi(1) = 1 whatever k and lambda")),
     Spec("policy_loss", "dro", "DRO", f"{CORE}:dro_policy_loss",
          (r"\ell_t = -\Big(A_t \log\pi_\theta(o_t) - \frac{\beta}{2}\big(\log\pi_\theta(o_t) - \log\pi_{old}(o_t)\big)^2\Big)",
@@ -280,7 +280,7 @@ SPECS: dict[str, Spec] = by_name(
          "No hard clip: a quadratic (k2) penalty on the log-ratio pulls the policy back to the old one in proportion "
          "to its drift, so no token loses its gradient (Direct Reward Optimization).",
          "verl policy_loss dro (policy_loss.dro_beta, required; docs/algo/dro.md).", (K["dro_beta"],),
-         ("verl has no default beta; 0.05 is the value of its usage example.",), level="token",
+         ("verl has no default beta; 0.05 is the value of its usage example.",), preset="dro", level="token",
          ratio_curve=True,
          inert_when=at_ratio_one("algorithm.dro_beta", what="the penalty's gradient beta log rho is 0")),
 )
