@@ -12,7 +12,8 @@ from workbench.core import ADVANTAGE_ESTIMATORS, AdvantageConfig, PolicyLossConf
 from workbench.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe, preset_names
 
 EXPECTED_PRESETS = {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "gspo", "cispo",
-                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax", "dppo", "opd"}
+                    "sapo", "gmpo", "gpg", "clip_cov", "kl_cov", "opo", "grpo_passk", "remax", "dppo", "opd",
+                    "vespo", "dro"}
 
 # The arXiv id of each preset's paper, which its header comment must name.
 PAPERS = {
@@ -34,6 +35,8 @@ PAPERS = {
     "remax": "2310.10505",
     "dppo": "2602.04879",
     "opd": "2306.13649",  # GKD (Agarwal et al.); the Thinking Machines post has no arXiv id
+    "vespo": "2602.10693",
+    "dro": "2405.19107",  # Richemond et al. (the DRO objective verl's policy_loss dro implements)
 }
 
 # The settings that define each algorithm (dotted paths into the recipe).
@@ -183,6 +186,25 @@ DEFINING = {
         "sampling.prompts_per_step": 32,  # one sample per prompt: the batch of the others, 32 completions
         "algorithm.kl_coef": 0.0,
         "train.mu": 1,
+    },
+    "vespo": {  # TRL 1.16 GRPOConfig defaults for loss_type="vespo"
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "vespo",
+        "algorithm.vespo_k_pos": 2.0,
+        "algorithm.vespo_lambda_pos": 3.0,
+        "algorithm.vespo_k_neg": 3.0,
+        "algorithm.vespo_lambda_neg": 2.0,
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
+    },
+    "dro": {  # verl 0.9.1 compute_policy_loss_dro (dro_beta required there)
+        "algorithm.advantage": "grpo",
+        "algorithm.policy_loss": "dro",
+        "algorithm.dro_beta": 0.05,
+        "algorithm.aggregation": "token-mean",
+        "algorithm.kl_coef": 0.0,
+        "train.mu": 2,
     },
     "dppo": {  # verl examples/dppo_trainer/run_qwen30b_dppo.sh
         "algorithm.advantage": "grpo",

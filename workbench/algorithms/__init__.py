@@ -20,11 +20,12 @@ from .advantages import GPG_ALPHAS, GRPO_SCALES
 from .kl_estimators import KL_PLACEMENTS
 from .policy_losses import CISPO_BOUNDS, DPPO_TIS_CAP, GSPO_VARIANTS, REINFORCE_FORMS
 from .shapings import DISTILL_MODES
-from .spec import MAX_COEF, MAX_SEED, InertRule, Knob, RecipeData, Spec, Walkthrough, setting
+from .spec import MAX_COEF, MAX_SEED, InertRule, Knob, LabSlider, RecipeData, RegionLab, Spec, Walkthrough, setting
 
 __all__ = ["CISPO_BOUNDS", "DISTILL_MODES", "DPPO_TIS_CAP", "FAMILIES", "GPG_ALPHAS", "GRPO_SCALES", "GSPO_VARIANTS", "KL_PLACEMENTS",
-           "MAX_COEF", "MAX_SEED", "REINFORCE_FORMS", "Family", "Knob", "Spec", "Walkthrough", "choice_help", "inert_knobs",
-           "names", "resolve", "spec", "walkthroughs", "with_capability"]
+           "MAX_COEF", "MAX_SEED", "REINFORCE_FORMS", "Family", "Knob", "LabSlider", "RegionLab", "Spec", "Walkthrough",
+           "choice_help", "inert_knobs", "names", "register", "resolve", "spec", "unregister", "walkthroughs",
+           "with_capability"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,23 @@ def spec(family: str, name: str) -> Spec:
     if name not in specs:
         raise KeyError(f"no {family} spec {name!r}; specs: {', '.join(specs)}")
     return specs[name]
+
+
+def register(s: Spec) -> Spec:
+    """Add ``s`` to its family after the specs declared here (a plugin's or a test's algorithm,
+    whose function is registered in the matching core registry); a name with a spec already fails.
+    What reads the specs when it runs (the labs, the Launch form, the capability checks) sees it."""
+    specs = FAMILIES[s.family].specs
+    if s.name in specs:
+        raise ValueError(f"{s.family} {s.name!r} has a spec already")
+    specs[s.name] = s
+    return s
+
+
+def unregister(family: str, name: str) -> Spec:
+    """Remove ``name``'s spec from ``family`` (what ``register`` added); KeyError if it has none."""
+    spec(family, name)
+    return FAMILIES[family].specs.pop(name)
 
 
 def with_capability(family: str, **wanted: Any) -> frozenset[str]:

@@ -37,7 +37,7 @@ SPECS: dict[str, Spec] = by_name(
            "gradient is the KL's own (k1 and k3 are unbiased in value, not in gradient).",
            f"verl kl_loss_type {verl}.",
            notes=("Differs from the base estimator only in its gradient: with kl_placement in_reward it is the same.",),
-           level="token")
+           level="token", same_value_as=base)
       for base, fn, verl in (("k1", "kl_k1_plus", "kl+ / k1+"), ("k3", "kl_k3_plus", "low_var_kl+ / k3+"),
                              ("abs", "kl_abs_plus", "abs+"))),
 )

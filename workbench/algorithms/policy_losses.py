@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .rules import at_ratio_one, single_pass
-from .spec import MAX_COEF, MAX_SEED, Knob, RecipeData, Spec, Walkthrough, by_name, setting
+from .spec import MAX_COEF, MAX_SEED, Knob, LabSlider, RecipeData, RegionLab, Spec, Walkthrough, by_name, setting
 
 CORE = "workbench.core.policy_losses"
 
@@ -136,6 +136,20 @@ def _cispo_at_ratio_one(data: RecipeData) -> dict[str, str]:
     return out
 
 
+# The PPO-region lab's widgets for each loss's own settings (the clip is drawn with the page's own).
+_GSPO_HELP = "The paper uses eps_low = 3e-4 and eps_high = 4e-4 on its sequence ratio; widened here so the band is visible"
+GSPO_REGION = RegionLab((LabSlider("gspo_low", "GSPO eps_low", ("eps_low",), 0.0, 0.9, 0.05, 0.01, _GSPO_HELP, "%.4f"),
+                         LabSlider("gspo_high", "GSPO eps_high", ("eps_high",), 0.0, 0.9, 0.05, 0.01, _GSPO_HELP, "%.4f")))
+CISPO_REGION = RegionLab((LabSlider("cispo_high", "CISPO eps_high (weight cap 1 + eps_high)", ("eps_high",),
+                                    0.0, 4.0, 0.28, 0.01),), fixed=(("eps_low", 1.0),))
+SAPO_REGION = RegionLab((LabSlider("sapo_pos", "SAPO tau_pos (A > 0)", ("sapo_tau_pos",), 0.1, 10.0, 1.0, 0.05,
+                                   "TRL / verl default 1.0"),
+                         LabSlider("sapo_neg", "SAPO tau_neg (A < 0)", ("sapo_tau_neg",), 0.1, 10.0, 1.05, 0.05,
+                                   "TRL / verl default 1.05")))
+GMPO_REGION = RegionLab((LabSlider("gmpo_eps", "GMPO eps (on the log-ratio)", ("eps_low", "eps_high"), 0.0, 1.0, 0.4, 0.01,
+                                   "The GMPO paper's 0.4: the ratio stays in [e^-0.4, e^0.4]"),))
+
+
 SPECS: dict[str, Spec] = by_name(
     Spec("policy_loss", "clip", "PPO clip", f"{CORE}:clip_policy_loss",
          (r"\ell_t = -\min\big(\rho_t A_t,\ \operatorname{clip}(\rho_t, 1-\varepsilon_{low}, 1+\varepsilon_{high}) A_t\big)",),
@@ -145,7 +159,7 @@ SPECS: dict[str, Spec] = by_name(
          "(clip_ratio_c = dual clip); OpenRLHF PolicyLoss.",
          TRUST_REGION,
          ("Zero gradient for clipped tokens: rare 'fork' tokens stop learning once their ratio grows (DAPO's clip-higher "
-          "raises eps_high to 0.28).",), preset="grpo", level="token", ratio_curve=True,
+          "raises eps_high to 0.28).",), preset="grpo", level="token", ratio_curve=True, region_lab=RegionLab(),
          inert_when=at_ratio_one(*CLIP_FIELDS, what="the clip never bites"),
          helpers=(f"{CORE}:clipped_objective",)),
     Spec("policy_loss", "gspo", "GSPO", f"{CORE}:gspo_policy_loss",
@@ -157,18 +171,22 @@ SPECS: dict[str, Spec] = by_name(
          "TRL loss_type='luspo' (LUSPO, arXiv 2602.05261) is GSPO with aggregation seq-mean-token-sum.",
          (*TRUST_REGION, K["gspo_variant"]),
          ("Tiny clip ranges (3e-4 / 4e-4): s_i is a per-token geometric mean.",), preset="gspo", ratio_curve=True,
+         region_lab=GSPO_REGION,
          inert_when=at_ratio_one(*CLIP_FIELDS, what="the clip never bites"),
          walkthroughs=(Walkthrough("gspo", "GSPO", "gspo", "One length-normalised sequence ratio, clipped per sequence "
                                    "(Zheng et al. 2025).", inputs="ratios",
-                                   helpers=(f"{CORE}:sequence_log_ratio", f"{CORE}:clipped_objective")),)),
+                                   helpers=(f"{CORE}:sequence_log_ratio", f"{CORE}:clipped_objective"),
+                                   ratio_overrides=("algorithm.eps_low={eps}", "algorithm.eps_high={eps}")),)),
     Spec("policy_loss", "cispo", "CISPO", f"{CORE}:cispo_policy_loss",
          (r"\ell_t = -\operatorname{sg}\big(\operatorname{clip}(\rho_t, 1-\varepsilon_{low}, 1+\varepsilon_{high})\big) A_t \log\pi_\theta(o_t)",),
          "Clip the importance weight, not the update: every token keeps a gradient (MiniMax-M1, 2025).",
          "TRL loss_type='cispo' (absolute cap epsilon_high); verl-style relative bounds (cispo_bounds).",
          CISPO_KNOBS, ("The weight is biased (truncated IS) but bounded.",),
-         preset="cispo", level="token", ratio_curve=True, inert_when=_cispo_at_ratio_one,
+         preset="cispo", level="token", ratio_curve=True, inert_when=_cispo_at_ratio_one, region_lab=CISPO_REGION,
          walkthroughs=(Walkthrough("cispo", "CISPO", "cispo", "Clip the importance weight, not the update: every token "
-                                   "keeps a gradient (MiniMax-M1, 2025).", inputs="ratios"),)),
+                                   "keeps a gradient (MiniMax-M1, 2025).", inputs="ratios",
+                                   # the lab's weight has no lower bound, as in the preset
+                                   ratio_overrides=("algorithm.eps_low=1.0", "algorithm.eps_high={cap}")),)),
     Spec("policy_loss", "reinforce", "REINFORCE (no clip)", f"{CORE}:reinforce_policy_loss",
          (r"\ell_t = -A_t \log\pi_\theta(o_t) \quad\text{or}\quad -A_t \rho_t",),
          "The plain policy gradient, no trust region (Williams 1992).",
@@ -183,7 +201,7 @@ SPECS: dict[str, Spec] = by_name(
          "TRL loss_type='sapo' (sapo_temperature_pos / _neg); verl policy_loss sapo (tau_pos / tau_neg).",
          (K["sapo_tau_pos"], K["sapo_tau_neg"]),
          ("Equals the policy gradient at rho = 1 (on-policy); tau_neg > tau_pos damps negative updates sooner.",),
-         preset="sapo", level="token", ratio_curve=True,
+         preset="sapo", level="token", ratio_curve=True, region_lab=SAPO_REGION,
          inert_when=at_ratio_one("algorithm.sapo_tau_pos", "algorithm.sapo_tau_neg",
                                  what="the gate passes the whole policy gradient whatever tau")),
     Spec("policy_loss", "gmpo", "GMPO", f"{CORE}:gmpo_policy_loss",
@@ -194,7 +212,7 @@ SPECS: dict[str, Spec] = by_name(
          "verl policy_loss geo_mean.", GMPO_KNOBS,
          ("eps bounds the log-ratio: the paper's 0.4 keeps the ratio in [e^-0.4, e^0.4].",
           "verl averages per sequence: aggregate with seq-mean-token-mean for its number."),
-         preset="gmpo", ratio_curve=True,
+         preset="gmpo", ratio_curve=True, region_lab=GMPO_REGION,
          inert_when=at_ratio_one("algorithm.eps_low", "algorithm.eps_high", what="the log-ratio clip never bites")),
     Spec("policy_loss", "dppo_tv", "DPPO (TV)", f"{CORE}:dppo_tv_policy_loss",
          (r"\ell_t = -A_t\,\operatorname{sg}(\min(\rho_t, C))\log\pi_\theta(o_t)\,[\text{valid}_t]",
@@ -254,7 +272,7 @@ SPECS: dict[str, Spec] = by_name(
           "TRL folds token-level rollout IS weights into w and refuses sequence-level ones; here the IS weight "
           "multiplies the loss as for every loss.",
           "The peak of phi (at w = k / lambda) is at most 10: TRL's defaults peak at 1.21 (A >= 0) and 1.24 (A < 0).",
-          "TRL aggregates it by token-mean."), level="token",
+          "TRL aggregates it by token-mean."), preset="vespo", level="token",
          inert_when=at_ratio_one(*(k.field for k in VESPO_KNOBS), what="w = 1 and phi(1) = 1 whatever k and lambda")),
     Spec("policy_loss", "dro", "DRO", f"{CORE}:dro_policy_loss",
          (r"\ell_t = -\Big(A_t \log\pi_\theta(o_t) - \frac{\beta}{2}\big(\log\pi_\theta(o_t) - \log\pi_{old}(o_t)\big)^2\Big)",
@@ -262,6 +280,7 @@ SPECS: dict[str, Spec] = by_name(
          "No hard clip: a quadratic (k2) penalty on the log-ratio pulls the policy back to the old one in proportion "
          "to its drift, so no token loses its gradient (Direct Reward Optimization).",
          "verl policy_loss dro (policy_loss.dro_beta, required; docs/algo/dro.md).", (K["dro_beta"],),
-         ("verl has no default beta; 0.05 is the value of its usage example.",), level="token", ratio_curve=True,
+         ("verl has no default beta; 0.05 is the value of its usage example.",), preset="dro", level="token",
+         ratio_curve=True,
          inert_when=at_ratio_one("algorithm.dro_beta", what="the penalty's gradient beta log rho is 0")),
 )

@@ -77,6 +77,47 @@ class Knob:
 
 
 @dataclass(frozen=True)
+class LabSlider:
+    """One widget of the PPO-region lab for a loss's own settings: it sets the config attributes
+    ``knobs`` (GMPO's one eps sets eps_low and eps_high) to its value. ``key`` is the widget's key
+    after the lab's prefix ('sapo_pos' -> 'ppo_sapo_pos'); ``lo`` / ``hi`` / ``default`` / ``step``
+    its range; ``number_format`` set: a number input with that format instead of a slider (GSPO's
+    paper clip is 3e-4, finer than a slider's step)."""
+
+    key: str
+    label: str
+    knobs: tuple[str, ...]
+    lo: float
+    hi: float
+    default: float
+    step: float
+    help: str = ""
+    number_format: str | None = None
+
+
+@dataclass(frozen=True)
+class RegionLab:
+    """How the PPO-region lab draws a loss with a ratio curve, so a new loss appears there from its
+    spec alone. ``sliders``: widgets for the loss's own settings; ``fixed``: config attributes the
+    lab pins (CISPO's eps_low = 1: the drawn weight has no lower bound, as in the cispo preset).
+    Neither: the loss is drawn with the page's PPO-clip sliders (eps_low, eps_high, dual clip c).
+    ``drawn``: on the chart when the page opens. A ratio-curve loss without a ``RegionLab`` is
+    offered with the clip's sliders, not drawn at first."""
+
+    sliders: tuple[LabSlider, ...] = ()
+    fixed: tuple[tuple[str, float], ...] = ()
+    drawn: bool = True
+
+    def settings(self, values: Mapping[str, float]) -> dict[str, float]:
+        """The config attributes this loss is drawn with, given each slider's value by key (empty:
+        draw it with the page's PPO-clip settings)."""
+        out = dict(self.fixed)
+        for s in self.sliders:
+            out.update(dict.fromkeys(s.knobs, values[s.key]))
+        return out
+
+
+@dataclass(frozen=True)
 class Walkthrough:
     """A preset walkthrough page built around this spec (Labs navigation, ``walkthrough-<key>``):
     its title, the preset it launches (its equations are those of the preset's specs), one-line summary, input block ('rewards' | 'gae' | 'ratios') and the known biases
@@ -90,6 +131,10 @@ class Walkthrough:
     inputs: str = "rewards"
     biases: tuple[str, ...] = ()
     helpers: tuple[str, ...] = ()
+    #: The 'ratios' input block's sliders as recipe overrides of this walkthrough's launch: each a
+    #: ``--set`` template formatted with ``eps`` (the clip & GSPO slider) and ``cap`` (the CISPO
+    #: eps_high slider), e.g. 'algorithm.eps_high={eps}'; how the lab's sliders map to the loss's knobs.
+    ratio_overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,7 +146,8 @@ class Spec:
     ``needs_critic`` (reads a value model), ``needs_baseline_rollout`` (reads the reward of an
     extra greedy completion per prompt); ``needs_policy_stats`` (reads the old log-probs and
     sum_v pi_v^2 of each sampled token); ``ratio_curve`` (losses: a token's loss is a function
-    of its ratio alone, so the PPO-region lab can draw it). ``inert_when(recipe_dict)`` maps knob
+    of its ratio alone, so the PPO-region lab can draw it; ``region_lab`` says with which
+    settings). ``inert_when(recipe_dict)`` maps knob
     fields to why they have no effect under these settings with this spec chosen (e.g. the clip's
     eps at one update per batch)."""
 
@@ -124,6 +170,10 @@ class Spec:
     inert_when: Callable[[RecipeData], dict[str, str]] | None = None
     walkthroughs: tuple[Walkthrough, ...] = ()
     helpers: tuple[str, ...] = field(default=())  # other core functions the page shows with it
+    region_lab: RegionLab | None = None  # how the PPO-region lab draws it (losses with ratio_curve)
+    #: Another name of the family whose value this one equals (the straight-through k1+ has k1's value
+    #: and k2's gradient): views of values alone (the KL lab's bias / variance table) show the pair once.
+    same_value_as: str | None = None
 
     @property
     def knob_names(self) -> tuple[str, ...]:

@@ -20,10 +20,24 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from workbench.algorithms import FAMILIES
 from workbench.core import kl_per_token
 from workbench.recipe import load_recipe, preset_names
 
-KL_COLORS = {"k1": "#1f77b4", "k2": "#d62728", "k3": "#2ca02c"}
+# Line colours of the estimators, in the order the lab shows them (k1, k2, k3, abs, then any added later).
+KL_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+def lab_estimators() -> tuple[str, ...]:
+    """The KL estimators the lab compares, from the specs in registry order: every registered
+    estimator with a value of its own (a straight-through k1+ has k1's value, ``same_value_as``)."""
+    return tuple(n for n, s in FAMILIES["kl_estimator"].specs.items() if s.same_value_as is None)
+
+
+def kl_color(name: str) -> str:
+    """The line colour of estimator ``name`` (its place among ``lab_estimators``)."""
+    shown = lab_estimators()
+    return KL_PALETTE[shown.index(name) % len(KL_PALETTE)] if name in shown else KL_PALETTE[-1]
 
 
 def categorical(probs: Sequence[float], field_name: str) -> torch.Tensor:
@@ -66,11 +80,11 @@ def per_outcome_estimates(pi: torch.Tensor, ref: torch.Tensor, estimator: str) -
     return kl_per_token(estimator, logp, ref_logp, torch.ones_like(logp))[0]
 
 
-def estimator_moments(pi: torch.Tensor, ref: torch.Tensor, estimators: Sequence[str] = ("k1", "k2", "k3")) -> pd.DataFrame:
-    """Exact single-sample mean, bias and variance of each estimator under x ~ pi."""
+def estimator_moments(pi: torch.Tensor, ref: torch.Tensor, estimators: Sequence[str] | None = None) -> pd.DataFrame:
+    """Exact single-sample mean, bias and variance of each estimator (default: ``lab_estimators``) under x ~ pi."""
     kl = true_kl(pi, ref)
     rows = []
-    for name in estimators:
+    for name in estimators or lab_estimators():
         k = per_outcome_estimates(pi, ref, name)
         mean = float((pi * k).sum())
         rows.append({"estimator": name, "true KL": kl, "mean": mean, "bias": snap_rounding_noise(mean - kl, mean, kl),
@@ -79,7 +93,7 @@ def estimator_moments(pi: torch.Tensor, ref: torch.Tensor, estimators: Sequence[
 
 
 def bias_variance_vs_samples(pi: torch.Tensor, ref: torch.Tensor, sample_counts: Sequence[int],
-                             estimators: Sequence[str] = ("k1", "k2", "k3")) -> pd.DataFrame:
+                             estimators: Sequence[str] | None = None) -> pd.DataFrame:
     """Bias and standard deviation of the n-sample mean estimate, exact, for each n and estimator.
     -> columns estimator, n, bias, std, rmse."""
     moments = estimator_moments(pi, ref, estimators)
@@ -93,7 +107,7 @@ def bias_variance_vs_samples(pi: torch.Tensor, ref: torch.Tensor, sample_counts:
 
 
 def monte_carlo(pi: torch.Tensor, ref: torch.Tensor, sample_counts: Sequence[int], trials: int = 200, seed: int = 0,
-                estimators: Sequence[str] = ("k1", "k2", "k3")) -> pd.DataFrame:
+                estimators: Sequence[str] | None = None) -> pd.DataFrame:
     """Seeded simulation: for each n, ``trials`` estimates from n samples x ~ pi. -> columns
     estimator, n, mean, std (over trials)."""
     gen = torch.Generator().manual_seed(seed)
@@ -101,7 +115,7 @@ def monte_carlo(pi: torch.Tensor, ref: torch.Tensor, sample_counts: Sequence[int
     for n in sample_counts:
         x = torch.multinomial(pi.expand(trials, -1), int(n), replacement=True, generator=gen)  # (trials, n)
         logp, ref_logp = pi.log()[x], ref.log()[x]
-        for name in estimators:
+        for name in estimators or lab_estimators():
             est = kl_per_token(name, logp, ref_logp, torch.ones_like(logp)).mean(dim=1)
             rows.append({"estimator": name, "n": int(n), "mean": float(est.mean()),
                          "std": float(est.std()) if trials > 1 else 0.0})
@@ -113,7 +127,7 @@ def kl_figure(exact: pd.DataFrame, kl: float, mc: pd.DataFrame | None = None) ->
     Right: std of the estimate against n (log-log)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("estimate (mean +- std) vs samples n", "std of the estimate vs n"))
     for name, part in exact.groupby("estimator", sort=False):
-        c = KL_COLORS.get(name)
+        c = kl_color(name)
         mean = kl + part["bias"]
         fig.add_trace(go.Scatter(x=part["n"], y=mean, mode="lines", name=f"{name} expectation", line={"color": c}), row=1, col=1)
         fig.add_trace(go.Scatter(x=list(part["n"]) + list(part["n"])[::-1], y=list(mean + part["std"]) + list(mean - part["std"])[::-1],
@@ -123,7 +137,7 @@ def kl_figure(exact: pd.DataFrame, kl: float, mc: pd.DataFrame | None = None) ->
     if mc is not None:
         for name, part in mc.groupby("estimator", sort=False):
             fig.add_trace(go.Scatter(x=part["n"], y=part["mean"], mode="markers", name=f"{name} Monte Carlo",
-                                     marker={"color": KL_COLORS.get(name), "symbol": "x"},
+                                     marker={"color": kl_color(name), "symbol": "x"},
                                      error_y={"type": "data", "array": part["std"], "visible": True}), row=1, col=1)
     fig.add_hline(y=kl, line_dash="dash", annotation_text=f"true KL = {kl:.4f}", row=1, col=1)
     fig.update_xaxes(type="log", title_text="samples n")

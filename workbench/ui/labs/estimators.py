@@ -52,6 +52,11 @@ class Walkthrough:
     inputs: str = "rewards"  # rewards | gae | ratios
     biases: tuple[str, ...] = ()
     extra_overrides: tuple[str, ...] = field(default_factory=tuple)
+    ratio_overrides: tuple[str, ...] = ()  # the spec's: the ratios block's sliders as --set templates
+
+    def ratio_sets(self, eps: float, cap: float) -> list[str]:
+        """The ratios block's slider values as this walkthrough's recipe overrides (its spec's templates)."""
+        return [t.format(eps=eps, cap=cap) for t in self.ratio_overrides]
 
 
 # The families a preset composes, in the order its walkthrough shows their equations.
@@ -67,7 +72,7 @@ def preset_equations(preset: str) -> tuple[str, ...]:
 def _walkthrough(owner: Spec, w) -> Walkthrough:
     functions = tuple(resolve(path) for path in (owner.implementation, *owner.helpers, *w.helpers))
     return Walkthrough(w.key, w.title, w.preset, preset_equations(w.preset), tuple(dict.fromkeys(functions)),
-                       w.summary, w.inputs, w.biases)
+                       w.summary, w.inputs, w.biases, ratio_overrides=w.ratio_overrides)
 
 
 WALKTHROUGHS: dict[str, Walkthrough] = {key: _walkthrough(owner, w) for key, (owner, w) in walkthroughs().items()}
@@ -114,14 +119,6 @@ def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
     return [f"algorithm.gamma={gamma}", f"algorithm.lam={lam}", *overrides], ok
 
 
-# The sliders of the ratios block as recipe overrides of the walkthrough's own loss: (eps, cap) ->
-# overrides. eps_low = 1 for CISPO: the lab's weight has no lower bound, as in the preset.
-RATIO_OVERRIDES: dict[str, Callable[[float, float], list[str]]] = {
-    "gspo": lambda eps, cap: [f"algorithm.eps_low={eps}", f"algorithm.eps_high={eps}"],
-    "cispo": lambda eps, cap: ["algorithm.eps_low=1.0", f"algorithm.eps_high={cap}"],
-}
-
-
 def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
     text = st.text_input("Per-token log-ratios log(pi/pi_old) of one sequence", "0.0, 0.1, 0.5, -0.1, 2.0", key=f"{w.key}_lr")
     c1, c2, c3 = st.columns(3)
@@ -142,7 +139,7 @@ def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
                "token keeps a gradient.")
     st.markdown("**Advantages of all estimators on one group**")
     overrides, ok = _rewards_block(w)
-    return [*overrides, *RATIO_OVERRIDES[w.key](eps, cap)], ok
+    return [*overrides, *w.ratio_sets(eps, cap)], ok
 
 
 INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_block}

@@ -5,19 +5,48 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench.algorithms import FAMILIES
+from workbench.algorithms import FAMILIES, LabSlider
 from workbench.core import PolicyLossConfig
 from workbench.recipe import load_recipe
 from workbench.ui.labs import title_of
 from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe, show_table
 from workbench.viz import lab_regions as viz
 
-DEFAULT_CURVES = ("clip", "gspo", "cispo", "sapo", "gmpo")
+# Widgets per row for the losses' own settings (the specs' RegionLab sliders).
+SLIDERS_PER_ROW = 3
 
 
 def ratio_curve_losses() -> list[str]:
     """Policy losses whose spec has ``ratio_curve`` (a token's loss is a function of its ratio alone), in registry order."""
     return [n for n, s in FAMILIES["policy_loss"].specs.items() if s.ratio_curve]
+
+
+def drawn_at_first(names: list[str]) -> list[str]:
+    """The losses of ``names`` on the chart when the page opens: their spec's ``region_lab.drawn``."""
+    specs = FAMILIES["policy_loss"].specs
+    return [n for n in names if specs[n].region_lab is not None and specs[n].region_lab.drawn]
+
+
+def _slider(col, s: LabSlider) -> float:
+    """One widget of a loss's own settings, keyed 'ppo_<key>'."""
+    if s.number_format is not None:
+        return col.number_input(s.label, s.lo, s.hi, s.default, s.step, format=s.number_format, key=f"ppo_{s.key}",
+                                help=s.help or None)
+    return col.slider(s.label, s.lo, s.hi, s.default, s.step, key=f"ppo_{s.key}", help=s.help or None)
+
+
+def own_settings(names: list[str]) -> dict[str, dict[str, float]]:
+    """The widgets of every loss in ``names`` whose spec's ``region_lab`` has sliders, in rows of
+    ``SLIDERS_PER_ROW`` -> {loss: config attributes it is drawn with}; a loss whose spec sets
+    nothing of its own is left out (drawn with the page's PPO-clip settings)."""
+    specs = FAMILIES["policy_loss"].specs
+    labs = {n: specs[n].region_lab for n in names if specs[n].region_lab is not None}
+    sliders = [s for lab in labs.values() for s in lab.sliders]
+    values: dict[str, float] = {}
+    for row in range(0, len(sliders), SLIDERS_PER_ROW):
+        for col, s in zip(st.columns(SLIDERS_PER_ROW), sliders[row:row + SLIDERS_PER_ROW]):
+            values[s.key] = _slider(col, s)
+    return {n: settings for n, lab in labs.items() if (settings := lab.settings(values))}
 
 
 def _analytic() -> None:
@@ -28,34 +57,22 @@ def _analytic() -> None:
     use_c = c3.checkbox("dual clip c", value=True, key="ppo_use_c", help="verl clip_ratio_c: caps the loss of A<0 tokens whose ratio exploded")
     c = c3.slider("c", 1.05, 5.0, 2.0, 0.05, key="ppo_c", disabled=not use_c)
     adv = c4.slider("|A|", 0.1, 3.0, 1.0, 0.1, key="ppo_adv")
-    g1, g2, g3 = st.columns(3)
-    gspo_help = "The paper uses eps_low = 3e-4 and eps_high = 4e-4 on its sequence ratio; widened here so the band is visible"
-    gspo_low = g1.number_input("GSPO eps_low", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_low", help=gspo_help)
-    gspo_high = g2.number_input("GSPO eps_high", 0.0, 0.9, 0.05, 0.01, format="%.4f", key="ppo_gspo_high", help=gspo_help)
-    cispo_high = g3.slider("CISPO eps_high (weight cap 1 + eps_high)", 0.0, 4.0, 0.28, 0.01, key="ppo_cispo_high")
-    s1, s2, s3 = st.columns(3)
-    tau_pos = s1.slider("SAPO tau_pos (A > 0)", 0.1, 10.0, 1.0, 0.05, key="ppo_sapo_pos", help="TRL / verl default 1.0")
-    tau_neg = s2.slider("SAPO tau_neg (A < 0)", 0.1, 10.0, 1.05, 0.05, key="ppo_sapo_neg", help="TRL / verl default 1.05")
-    gmpo_eps = s3.slider("GMPO eps (on the log-ratio)", 0.0, 1.0, 0.4, 0.01, key="ppo_gmpo_eps",
-                         help="The GMPO paper's 0.4: the ratio stays in [e^-0.4, e^0.4]")
+    names = ratio_curve_losses()
+    own = own_settings(names)
     try:  # the config checks its own fields (clip_c > 1 + eps_high) and names them
         cfg = PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, clip_c=c if use_c else None)
     except ValueError as err:
         st.error(str(err))
         return
-    # each loss's own settings on this page; any other loss with a ratio curve uses the clip's
-    own = {"gspo": PolicyLossConfig(eps_low=gspo_low, eps_high=gspo_high),
-           "cispo": PolicyLossConfig(eps_low=1.0, eps_high=cispo_high),
-           "sapo": PolicyLossConfig(sapo_tau_pos=tau_pos, sapo_tau_neg=tau_neg),
-           "gmpo": PolicyLossConfig(eps_low=gmpo_eps, eps_high=gmpo_eps)}
-    names = ratio_curve_losses()
     chosen = st.multiselect("Policy losses (every registered loss whose token loss is a function of its ratio)", names,
-                            default=[n for n in DEFAULT_CURVES if n in names], format_func=lambda n: title_of("policy_loss", n),
+                            default=drawn_at_first(names), format_func=lambda n: title_of("policy_loss", n),
                             key="ppo_losses")
     if not chosen:
         st.info("Pick at least one policy loss to draw.")
         return
-    curves = viz.analytic_curves({title_of("policy_loss", n): (n, own.get(n, cfg)) for n in chosen}, advantages=(adv, -adv))
+    # each loss with its spec's own settings on this page; any other with the clip's
+    configs = {n: PolicyLossConfig(**own[n]) if n in own else cfg for n in chosen}
+    curves = viz.analytic_curves({title_of("policy_loss", n): (n, configs[n]) for n in chosen}, advantages=(adv, -adv))
     st.plotly_chart(viz.analytic_figure(curves, cfg), key="ppo_analytic")
     st.caption("Curves are `workbench.core.compute_policy_loss` on a grid of ratios; gradients by autograd, per unit "
                "of log-probability (dJ/dlog pi = R A inside the trust region). The shading is PPO clip's. GSPO's and "

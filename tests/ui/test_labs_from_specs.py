@@ -1,0 +1,146 @@
+"""The labs derive their per-algorithm entries from the specs (workbench.algorithms), with no table
+keyed by algorithm name left in a lab: every registered spec has its entry in each lab, and a spec
+registered by a test (with its function in the core registry) appears in the labs without a lab
+file touched."""
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from tests.ui.test_labs import chart, component, lab
+from tests.viz.test_labs import values
+from workbench import algorithms
+from workbench.algorithms import FAMILIES, LabSlider, RegionLab, Spec
+
+torch.set_num_threads(1)
+
+
+def _widget(at, key: str):
+    """The slider or number input with widget key ``key`` (a spec's LabSlider picks which)."""
+    found = [w for kind in ("slider", "number_input") for w in at.get(kind) if w.key == key]
+    assert found, f"no widget {key!r}"
+    return found[0]
+
+
+def test_every_registered_spec_has_its_entry_in_each_lab(home):
+    """PPO-region lab: every ratio-curve loss offered, drawn at first as its spec says, one widget
+    per spec slider; aggregation lab: every policy loss; a walkthrough page per registered name;
+    each 'ratios' walkthrough maps the lab's sliders to its loss's knobs."""
+    from workbench.ui.labs import COMPONENT_FAMILIES, page_url
+    from workbench.ui.labs.estimators import component_pages
+
+    specs = FAMILIES["policy_loss"].specs
+    at = lab("lab-ppo-regions").run()
+    assert not at.exception
+    ratio = [s for s in specs.values() if s.ratio_curve]
+    losses = at.multiselect(key="ppo_losses")
+    assert list(losses.options) == [s.title for s in ratio]
+    drawn = [s for s in ratio if s.region_lab and s.region_lab.drawn]
+    assert list(losses.value) == [s.name for s in drawn]
+    assert {t["name"] for t in chart(at, "ppo_analytic")["data"]} == {s.title for s in drawn}
+    for s in ratio:
+        for slider in s.region_lab.sliders if s.region_lab else ():
+            assert _widget(at, f"ppo_{slider.key}").value == pytest.approx(slider.default)
+
+    at = lab("lab-aggregation").run()
+    assert not at.exception
+    assert len(at.selectbox(key="agg_loss").options) == len(specs)
+    assert {u for _, _, u in component_pages()} >= {page_url(f, n) for f in COMPONENT_FAMILIES for n in FAMILIES[f].specs}
+    ratio_pages = [w for s in specs.values() for w in s.walkthroughs if w.inputs == "ratios"]
+    assert ratio_pages and all(w.ratio_overrides for w in ratio_pages)
+
+
+def _gradient_curve(at, title: str) -> tuple[list[float], list[float]]:
+    """(ratio, gradient) of ``title``'s A > 0 curve on the PPO-region chart (its traces: A > 0
+    objective, A > 0 gradient, A < 0 objective, A < 0 gradient)."""
+    traces = [t for t in chart(at, "ppo_analytic")["data"] if t["name"] == title]
+    return values(traces[1]["x"]), values(traces[1]["y"])
+
+
+def test_a_spec_registered_by_a_test_appears_in_the_labs(home):
+    """A throwaway clip-like loss: registered in the core registry and given a spec with its own
+    PPO-region slider; the PPO-region lab draws it with that slider's eps, the aggregation lab
+    offers it, its walkthrough page renders; unregistered, it is gone."""
+    from workbench.core import POLICY_LOSSES
+    from workbench.core.choices import PolicyLossConfig
+    from workbench.viz import lab_regions
+
+    def halved(logp, old_logp, advantages, mask, cfg):
+        """Half of the PPO clip (a test's loss)."""
+        loss, diag = POLICY_LOSSES.get("clip")(logp, old_logp, advantages, mask, cfg)
+        return 0.5 * loss, diag
+
+    slider = LabSlider("test_halved_eps", "Halved eps", ("eps_low", "eps_high"), 0.0, 0.9, 0.1, 0.01)
+    spec = Spec("policy_loss", "test_halved", "Halved clip", f"{__name__}:halved", ratio_curve=True, level="token",
+                region_lab=RegionLab((slider,)))
+    POLICY_LOSSES.register("test_halved")(halved)
+    algorithms.register(spec)
+    try:
+        with pytest.raises(ValueError, match="has a spec already"):
+            algorithms.register(spec)
+        at = lab("lab-ppo-regions").run()
+        assert not at.exception
+        assert "test_halved" in at.multiselect(key="ppo_losses").value  # drawn at first: its RegionLab says so
+        _widget(at, "ppo_test_halved_eps").set_value(0.3).run()
+        assert not at.exception
+        x, grad = _gradient_curve(at, "Halved clip")
+        expected = lab_regions.analytic_curves({"Halved clip": ("test_halved", PolicyLossConfig(eps_low=0.3, eps_high=0.3))},
+                                               advantages=(1.0, -1.0))
+        expected = expected[expected["advantage"] == 1.0]
+        assert x == pytest.approx(expected["ratio"].tolist())
+        assert grad == pytest.approx(expected["gradient"].tolist())
+        band = [(r, g) for r, g in zip(x, grad) if 1.1 < r < 1.3]  # clipped at eps 0.1, in the trust region at 0.3
+        assert band and all(g == pytest.approx(0.5 * r) for r, g in band)
+
+        at = lab("lab-aggregation").run()
+        assert any("test_halved" in o for o in at.selectbox(key="agg_loss").options)
+        at = component("walkthrough-loss-test-halved").run()
+        assert not at.exception and at.title[0].value == "Loss walkthrough: Halved clip"
+    finally:
+        algorithms.unregister("policy_loss", "test_halved")
+        POLICY_LOSSES.unregister("test_halved")
+    at = lab("lab-ppo-regions").run()
+    assert "test_halved" not in FAMILIES["policy_loss"].specs
+    assert "Halved clip" not in at.multiselect(key="ppo_losses").options
+
+
+def test_register_refuses_a_second_spec_and_unregister_an_unknown_name():
+    with pytest.raises(ValueError, match="policy_loss 'clip' has a spec already"):
+        algorithms.register(FAMILIES["policy_loss"].specs["clip"])
+    with pytest.raises(KeyError, match="no policy_loss spec 'nope'"):
+        algorithms.unregister("policy_loss", "nope")
+
+
+def test_the_kl_lab_compares_every_estimator_with_a_value_of_its_own(home):
+    """The KL lab's bias / variance table and figure list the registered estimators from the specs
+    (k1, k2, k3, abs; the straight-through k1+ / k3+ / abs+ share their base's value); a spec
+    registered by a test gets its row, computed by its registered function."""
+    from workbench.core import KL_ESTIMATORS
+    from workbench.viz import lab_kl
+
+    def doubled_k1(logp, ref_logp):
+        """2 k1 (a test's estimator)."""
+        return 2 * (logp - ref_logp)
+
+    kl_specs = FAMILIES["kl_estimator"].specs
+    own = [n for n, s in kl_specs.items() if s.same_value_as is None]
+    assert own == ["k1", "k2", "k3", "abs"]
+    at = lab("lab-kl").run()
+    assert not at.exception
+    moments = at.dataframe[0].value.set_index("estimator")
+    assert list(moments.index) == own
+    assert {f"{n} expectation" for n in own} <= {t["name"] for t in chart(at, "kl_fig")["data"]}
+    KL_ESTIMATORS.register("test_2k1")(doubled_k1)
+    algorithms.register(Spec("kl_estimator", "test_2k1", "2 k1", f"{__name__}:doubled_k1", level="token"))
+    try:
+        at = lab("lab-kl").run()
+        assert not at.exception
+        table = at.dataframe[0].value.set_index("estimator")
+        assert list(table.index) == [*own, "test_2k1"]
+        assert table.loc["test_2k1", "mean"] == pytest.approx(2 * table.loc["k1", "mean"], rel=1e-12)
+        assert table.drop(index="test_2k1").equals(moments)  # the others' numbers unchanged
+        assert "test_2k1 expectation" in {t["name"] for t in chart(at, "kl_fig")["data"]}
+    finally:
+        algorithms.unregister("kl_estimator", "test_2k1")
+        KL_ESTIMATORS.unregister("test_2k1")
+    assert lab_kl.lab_estimators() == tuple(own)
