@@ -294,3 +294,38 @@ def test_the_analysis_layer_imports_neither_torch_nor_streamlit():
             "print(sorted(m for m in ('torch', 'streamlit', 'plotly') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _final_window_scores_by_groups(df: pd.DataFrame, metric: str, window_frac: float) -> pd.DataFrame:
+    """The earlier implementation of ``final_window_scores`` (a pandas group per run), kept here as
+    the reference the array version must equal exactly."""
+    from workbench.analysis.stats import finite, in_arm_order
+
+    columns = ["run_id", "arm", "seed", "score", "window_steps", "first_step", "last_step"]
+    logged = df.loc[finite(df[metric]), ["run_id", "arm", "seed", "step", metric]]
+    rows = []
+    for run_id, run in logged.sort_values("step", kind="stable").groupby("run_id", sort=False):
+        window = run.tail(window_length(len(run), float(window_frac)))
+        rows.append({"run_id": run_id, "arm": str(run["arm"].iloc[0]), "seed": run["seed"].iloc[0],
+                     "score": float(window[metric].astype(float).mean()), "window_steps": len(window),
+                     "first_step": int(window["step"].iloc[0]), "last_step": int(window["step"].iloc[-1])})
+    return in_arm_order(pd.DataFrame(rows, columns=columns), list(dict.fromkeys(df["arm"].astype(str))), "seed")
+
+
+@pytest.mark.parametrize("window_frac", [0.01, 0.07, 0.1, 0.5, 1.0])
+def test_final_window_scores_equal_the_per_group_computation_exactly(window_frac):
+    """Seeded data shaped as a live comparison: 4 arms x 3 seeds of unequal lengths, rows shuffled
+    (runs interleaved, steps out of order), gaps where the metric was not logged (NaN, None), a
+    run that never logged it: every score, window and bound equals the earlier per-run pandas
+    computation bit for bit."""
+    rng = np.random.default_rng(19)
+    rows = []
+    for a in range(4):
+        for seed in range(3):
+            for step in range(int(rng.integers(5, 400))):
+                value = float(rng.normal(a, 1.0)) if rng.random() > 0.1 else (np.nan if rng.random() > 0.5 else None)
+                rows.append({"run_id": f"arm{a}-s{seed}", "arm": f"arm{a}", "seed": seed, "step": step, "reward": value})
+    rows += [{"run_id": "quiet", "arm": "arm1", "seed": 9, "step": s, "reward": None} for s in range(5)]
+    frame = pd.DataFrame(rows).sample(frac=1.0, random_state=3).reset_index(drop=True)
+    pd.testing.assert_frame_equal(final_window_scores(frame, "reward", window_frac),
+                                  _final_window_scores_by_groups(frame, "reward", window_frac), check_exact=True)

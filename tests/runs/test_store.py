@@ -222,3 +222,36 @@ def test_queue_claim_and_cancel_are_compare_and_set(store):
     _make(store, run_id="r3")
     store.update_run("r3", cancel_requested=1)
     assert not store.claim_queued("r3")  # a cancel in progress is never started
+
+
+def test_arm_metrics_reads_every_runs_arm_and_seed_in_one_query_in_the_ids_order(store):
+    """``run_arms`` / ``runs_by_id`` (one query for the arms view, was a ``get_run`` per run): the
+    ids' order kept, each run's own arm and seed (from its recipe), the same records ``get_run``
+    gives, and an unknown id refused by name as ``get_run`` refuses it."""
+    _make(store, "r1", group="g", arm="a", recipe_yaml="name: grpo\ntrain:\n  seed: 7\n", sweep={"lr": 1})
+    _make(store, "r2", group="g", arm="b", recipe_yaml="name: grpo\ntrain:\n  seed: 3\n", sweep={"lr": 2})
+    store.ingest("r1", [_metrics(0, 0.5), _metrics(1, 0.75)])
+    store.ingest("r2", [_metrics(0, 0.25)])
+    assert store.run_arms(["r2", "r1"]).values.tolist() == [["r2", "b", 3], ["r1", "a", 7]]
+    assert store.runs_by_id(["r2", "r1"]) == [store.get_run("r2"), store.get_run("r1")]
+    frame = store.arm_metrics(["r2", "r1"])
+    assert frame[["run_id", "arm", "seed", "step", "reward"]].values.tolist() == [
+        ["r2", "b", 3, 0, 0.25], ["r1", "a", 7, 0, 0.5], ["r1", "a", 7, 1, 0.75]]
+    for read in (store.run_arms, store.runs_by_id, store.arm_metrics):
+        with pytest.raises(RunError, match=r"^run id='nope' does not exist; `python -m workbench runs list`"):
+            read(["r1", "nope"])
+
+
+def test_metrics_json_is_decoded_as_the_standard_library_decodes_it():
+    """``decode_json_array`` (orjson, the standard library where orjson refuses the text): equal
+    values for what ingest writes, and the text an older store may hold (``NaN``, ``Infinity``,
+    an integer beyond 64 bits) still read, not an error."""
+    import math
+
+    from workbench.runs.store import decode_json_array
+
+    texts = [json.dumps({"reward": 0.1 + 0.2, "kl": 1e-300, "n": 2**62, "s": "ä\n", "l": [1, None]}), "{}"]
+    assert decode_json_array(texts) == json.loads("[" + ",".join(texts) + "]")
+    old = decode_json_array(['{"kl": NaN, "x": Infinity}', '{"n": 123456789012345678901234567890}'])
+    assert math.isnan(old[0]["kl"]) and old[0]["x"] == math.inf and old[1]["n"] == 123456789012345678901234567890
+    assert decode_json_array([]) == []

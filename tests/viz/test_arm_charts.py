@@ -11,7 +11,7 @@ import pytest
 
 from tests.ui.figspec import traces
 from workbench.analysis import mean_curve_with_band
-from workbench.viz.arms import MAX_POINTS, arm_colours, arm_figure, arm_figures, thin
+from workbench.viz.arms import MAX_POINTS, arm_colours, arm_figure, arm_figures, keep_extremes
 from workbench.viz.curves import MARGIN, PANELS, UNKNOWN, legend_html, metric_figure
 
 EVERY_METRIC = sorted({m for p in PANELS.values() for m in p.metrics})
@@ -135,18 +135,40 @@ def test_a_two_seed_band_does_not_squash_the_means_and_stays_in_range():
     assert spec(arm_figure(zeros, "frac_reward_zero_std").figure)["layout"]["yaxis"]["range"][0] >= -MARGIN * 0.1 - 1e-12
 
 
-def test_thinning_keeps_every_kth_point_and_the_last_with_unchanged_statistics():
-    assert thin(5, 2).tolist() == [0, 3, 4] and thin(4, 10).tolist() == [0, 1, 2, 3] and thin(0).tolist() == []
+def test_thinning_keeps_each_buckets_extremes_exactly():
+    """A hand-made curve of 1,000 points thinned to 400 (buckets of 10): each bucket's lowest and
+    highest mean and band edge, NaN (no band) never chosen, ties to the bucket's first point, and
+    the curve's ends. A spike of the mean (503), a dip (778) and a spike of the band's top alone
+    (256) are kept; every k-th point would have dropped all three."""
+    n = 1000
+    mean = np.zeros(n)
+    mean[503], mean[778] = 5.0, -3.0
+    low, high = mean - 1, mean + 1
+    high[256] = 9.0
+    low[:15] = high[:15] = np.nan  # fewer than 2 seeds there: no band
+    kept = keep_extremes(mean, low, high, max_points=400)
+    assert kept.tolist() == sorted({*range(0, n, 10), 15, 256, 503, 778, n - 1})
+    assert len(kept) <= 400 + 2 and not {256, 503, 778} & set(range(0, n, 3))
+    assert keep_extremes(mean[:400], low[:400], high[:400], max_points=400).tolist() == list(range(400))
+    assert keep_extremes(np.empty(0), np.empty(0), np.empty(0)).tolist() == []
+
+
+def test_thinned_arm_curves_keep_a_one_step_spike_with_unchanged_statistics():
+    """1,001 steps x 3 seeds with a reward collapse at step 502 only: the drawn mean curve has at
+    most MAX_POINTS + 2 points, the collapse among them at its full depth, and every kept point
+    is the full curve's row unchanged (thinning picks rows, it never averages them)."""
     steps = 1001
     rng = np.random.default_rng(0)
+    rewards = rng.normal(size=(3, steps))
+    rewards[:, 502] = -20.0
     frame = pd.DataFrame([{"run_id": f"a{s}", "arm": "a", "seed": s, "step": i, "time": float(i), "reward": v}
-                          for s in range(3) for i, v in enumerate(rng.normal(size=steps))])
-    full = mean_curve_with_band(frame, "reward")
+                          for s in range(3) for i, v in enumerate(rewards[s])])
+    full = mean_curve_with_band(frame, "reward").set_index("x")
     mean = [t for t in traces(spec(arm_figure(frame, "reward").figure)) if t.get("fill") != "toself"][0]
-    keep = thin(steps)
-    assert len(mean["x"]) == len(keep) <= MAX_POINTS + 1 and mean["x"][-1] == steps - 1
-    assert mean["x"] == full["x"].iloc[keep].tolist()
-    assert mean["y"] == pytest.approx(full["mean"].iloc[keep].tolist(), abs=1e-11)
+    assert len(mean["x"]) <= MAX_POINTS + 2 and mean["x"][0] == 0 and mean["x"][-1] == steps - 1
+    assert mean["x"] == sorted(mean["x"]) and 502 in mean["x"]
+    assert min(mean["y"]) == pytest.approx(-20.0, abs=1e-11)
+    assert mean["y"] == pytest.approx(full["mean"].loc[mean["x"]].tolist(), abs=1e-11)
 
 
 def test_a_k1_kl_below_zero_is_drawn_whole_and_a_clipped_band_says_so():

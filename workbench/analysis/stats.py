@@ -164,14 +164,21 @@ def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = DEFA
     if not isinstance(window_frac, Real) or not 0.0 < float(window_frac) <= 1.0:
         raise ValueError(f"window_frac={window_frac!r} is not allowed; use a fraction of the steps in (0, 1]")
     columns = ["run_id", "arm", "seed", "score", "window_steps", "first_step", "last_step"]
-    logged = df.loc[finite(df[metric]), [*RUN_KEY_COLUMNS, metric]]
+    logged = df.loc[finite(df[metric]), [*RUN_KEY_COLUMNS, metric]].sort_values("step", kind="stable")
+    # each run's rows in step order, runs in order of first appearance, as arrays: a pandas group
+    # per run took ~4 ms each, most of the verdict's time for 30 runs
+    codes, run_ids = pd.factorize(logged["run_id"], sort=False)
+    order = np.argsort(codes, kind="stable")
+    values = logged[metric].to_numpy(dtype=np.float64)[order]
+    steps = logged["step"].to_numpy()[order]
+    ends = np.r_[np.flatnonzero(np.diff(codes[order])) + 1, len(order)]
     rows = []
-    for run_id, run in logged.sort_values("step", kind="stable").groupby("run_id", sort=False):
-        window = run.tail(window_length(len(run), float(window_frac)))
-        rows.append({"run_id": run_id, "arm": str(run["arm"].iloc[0]), "seed": run["seed"].iloc[0],
-                     "score": float(window[metric].astype(float).mean()), "window_steps": len(window),
-                     "first_step": int(window["step"].iloc[0]), "last_step": int(window["step"].iloc[-1])})
-    return in_arm_order(pd.DataFrame(rows, columns=columns), list(dict.fromkeys(df["arm"].astype(str))), "seed")
+    for run_id, start, end in zip(run_ids, np.r_[0, ends[:-1]], ends):
+        first = end - window_length(int(end - start), float(window_frac))
+        rows.append({"run_id": run_id, "arm": str(logged["arm"].iloc[order[start]]), "seed": logged["seed"].iloc[order[start]],
+                     "score": float(values[first:end].mean()), "window_steps": int(end - first),
+                     "first_step": int(steps[first]), "last_step": int(steps[end - 1])})
+    return in_arm_order(pd.DataFrame(rows, columns=columns), list(pd.unique(df["arm"].astype(str))), "seed")
 
 
 def final_window_values(df: pd.DataFrame, metric: str, window_frac: float = DEFAULT_WINDOW_FRAC) -> dict[str, np.ndarray]:

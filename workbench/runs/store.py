@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import orjson
 import pandas as pd
 import sqlalchemy as sa
 import yaml
@@ -496,7 +497,7 @@ class RunStore:
             return pd.DataFrame(columns=["run_id", "step", "time"])
         # one JSON array decoded at once and the key columns built apart: per-row json.loads and
         # dict merging took ~40% of reading 30 runs x 1,000 steps
-        values = pd.DataFrame.from_records(json.loads("[" + ",".join([r.data for r in rows]) + "]"))
+        values = pd.DataFrame.from_records(decode_json_array([r.data for r in rows]))
         keys = pd.DataFrame({"run_id": [r.run_id for r in rows],
                              "step": pd.Series([r.step for r in rows], dtype="int64"),
                              "time": [r.time for r in rows]})
@@ -507,11 +508,31 @@ class RunStore:
         ``seed``, ``step``, ``time`` and every logged metric (NaN where a run did not log it)."""
         run_ids = list(run_ids)
         frame = self.metrics(run_ids)
-        runs = pd.DataFrame([{"run_id": r.id, "arm": r.arm, "seed": r.seed} for r in map(self.get_run, run_ids)],
-                            columns=["run_id", "arm", "seed"])
+        runs = self.run_arms(run_ids)
         frame = runs.merge(frame, on="run_id", how="inner")
         first = [*ARM_KEY_COLUMNS, "time"]
         return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
+
+    def run_arms(self, run_ids: Iterable[str]) -> pd.DataFrame:
+        """``run_id``, ``arm``, ``seed`` of ``run_ids`` in their order, read in one query (a
+        ``get_run`` per run cost ~3 ms each: 30 runs took 0.1 s of every arms-view render).
+        RunError naming the first id that does not exist."""
+        run_ids = list(run_ids)
+        with self._read() as conn:
+            found = {r.id: (r.arm, r.seed) for r in conn.execute(sa.select(R.id, R.arm, R.seed).where(R.id.in_(run_ids)))}
+        if missing := [i for i in run_ids if i not in found]:
+            raise RunError(f"run id={missing[0]!r} does not exist; `python -m workbench runs list` shows the runs")
+        return pd.DataFrame([(i, *found[i]) for i in run_ids], columns=["run_id", "arm", "seed"])
+
+    def runs_by_id(self, run_ids: Iterable[str]) -> list[Run]:
+        """``get_run`` of each of ``run_ids``, in their order, in one query (RunError for an id that
+        does not exist)."""
+        run_ids = list(run_ids)
+        with self._read() as conn:
+            found = {r.id: _record(r) for r in conn.execute(sa.select(runs_table).where(R.id.in_(run_ids)))}
+        if missing := [i for i in run_ids if i not in found]:
+            raise RunError(f"run id={missing[0]!r} does not exist; `python -m workbench runs list` shows the runs")
+        return [found[i] for i in run_ids]
 
     def samples(self, run_id: str, step: int | None = None) -> pd.DataFrame:
         rows = self._payload_rows("samples", [run_id], step)
@@ -547,6 +568,18 @@ class RunStore:
             query = query.where(table.c.step == step)
         with self._read() as conn:
             return conn.execute(query.order_by(table.c.run_id, table.c.step)).all()
+
+
+def decode_json_array(texts: list[str]) -> list[Any]:
+    """The JSON texts ``texts`` decoded as one array, by orjson (~3x the standard library's speed:
+    decoding was half of reading 30 runs x 1,000 steps of metrics). Text orjson refuses (``NaN``,
+    ``Infinity`` or an integer beyond 64 bits, which ``json.dumps`` writes and a store of an older
+    version may hold) is decoded by the standard library, as before."""
+    array = "[" + ",".join(texts) + "]"
+    try:
+        return orjson.loads(array)
+    except orjson.JSONDecodeError:
+        return json.loads(array)
 
 
 def audit_entry_insert(entry: AuditEntry) -> sa.Insert:

@@ -358,7 +358,7 @@ def _verdict(frame) -> tuple[str | None, float]:
 
 def _arm_sweeps(ids: list[str]) -> dict[str, dict]:
     """arm -> {swept field: value} for the selected runs of a sweep ({} when nothing was swept)."""
-    return arm_sweeps([store().get_run(i) for i in ids])
+    return arm_sweeps(store().runs_by_id(ids))
 
 
 def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> None:

@@ -41,11 +41,14 @@ class ArmChart(NamedTuple):
 
 # Points drawn per curve at most: the plot area's width in pixels of a chart of the page's
 # 2-column grid in a 1,400-px window (~400 px), so a curve never has more points than pixel
-# columns to draw them on. Each curve keeps every k-th point of its x grid, k = ceil(N /
-# MAX_POINTS), and always its last point. The statistics at a kept point are computed from all
-# seeds' full curves (smoothing included) first: thinning picks rows, it never averages or
-# changes them. 1,000 steps keep every 3rd step (334 points).
+# columns to draw them on. A longer curve is cut into buckets of k consecutive points and keeps,
+# per bucket, the points where the mean is lowest and highest and where the band reaches lowest
+# and highest (``keep_extremes``): a one-step spike of the mean or of the band is drawn at its
+# height, never stepped over as taking every k-th point would (a reward collapse at one step of
+# 1,000 vanished from the chart). The statistics at a kept point are computed from all seeds'
+# full curves (smoothing included) first: thinning picks rows, it never averages or changes them.
 MAX_POINTS = 400
+EXTREMES_PER_BUCKET = 4  # the mean's min and max, the band's lowest low and highest high
 
 
 def fill_colour(hex_colour: str, alpha: float = BAND_ALPHA) -> str:
@@ -72,12 +75,32 @@ def band_polygon(xs: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.
     return np.concatenate(px[:-1]).astype(np.float64), np.concatenate(py[:-1]).astype(np.float64)
 
 
-def thin(n: int, max_points: int = MAX_POINTS) -> np.ndarray:
-    """Indices of the points kept from a curve of n points: every k-th, k = ceil(n / max_points),
-    and the last one. n -> (K,) int, K <= max_points + 1."""
-    step = max(1, -(-n // max_points))
-    keep = np.arange(0, n, step)
-    return keep if n == 0 or keep[-1] == n - 1 else np.r_[keep, n - 1]
+def _bucket_extreme(values: np.ndarray, k: int, pick) -> np.ndarray:
+    """Per bucket of k consecutive points, the index of ``pick``'s (np.argmin / np.argmax) value,
+    NaN never chosen over a number (an all-NaN bucket gives its first point). (N,) -> (ceil(N/k),)."""
+    n, buckets = len(values), -(-len(values) // k)
+    worst = np.inf if pick is np.argmin else -np.inf  # padding and NaN lose against every number
+    padded = np.full(buckets * k, worst)
+    padded[:n] = np.where(np.isnan(values), worst, values)
+    return np.arange(buckets) * k + pick(padded.reshape(buckets, k), axis=1)
+
+
+def keep_extremes(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Indices (ascending) of the points of a curve drawn when it has more than ``max_points``:
+    the curve is cut into buckets of k = ceil(N / (max_points / EXTREMES_PER_BUCKET)) consecutive
+    points and each bucket keeps its points of lowest and highest ``mean``, of lowest ``low`` and
+    of highest ``high`` (NaN where the band is undefined is never preferred), plus the curve's
+    first and last point. Every spike of the mean or of the band's edges is kept at its height
+    (min/max per bucket, as a renderer decimating to pixel columns does), so a curve drawn from
+    the kept points looks as the full one does at the chart's width. mean, low, high: (N,) ->
+    (K,) int, K <= max_points + 2; all N points when N <= max_points."""
+    n = len(mean)
+    if n <= max_points:
+        return np.arange(n)
+    k = -(-n // max(1, max_points // EXTREMES_PER_BUCKET))
+    picks = [_bucket_extreme(mean, k, np.argmin), _bucket_extreme(mean, k, np.argmax),
+             _bucket_extreme(low, k, np.argmin), _bucket_extreme(high, k, np.argmax), np.array([0, n - 1])]
+    return np.unique(np.concatenate(picks))
 
 
 def _smoother(smoothing: float):
@@ -98,13 +121,14 @@ def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: flo
 
 def _arm_rows(curve: pd.DataFrame):
     """Yield (arm, columns) per arm of ``mean_curve_with_band``'s frame (arms in its order), each
-    column thinned to ``MAX_POINTS`` (``thin``): x, mean, ci_low, ci_high (float64) and n_seeds."""
+    column thinned to about ``MAX_POINTS`` keeping every spike (``keep_extremes``): x, mean,
+    ci_low, ci_high (float64) and n_seeds."""
     arms = curve["arm"].to_numpy()
     columns = {c: curve[c].to_numpy(dtype=np.float64) for c in ("x", "mean", "ci_low", "ci_high")}
     columns["n_seeds"] = curve["n_seeds"].to_numpy()
     bounds = np.r_[np.flatnonzero(np.r_[True, arms[1:] != arms[:-1]]), len(arms)]
     for a, b in zip(bounds[:-1], bounds[1:]):
-        keep = a + thin(b - a)
+        keep = a + keep_extremes(columns["mean"][a:b], columns["ci_low"][a:b], columns["ci_high"][a:b])
         yield arms[a], {c: v[keep] for c, v in columns.items()}
 
 
@@ -176,7 +200,8 @@ def arm_figure(df: pd.DataFrame, panel: Panel | str, **kwargs) -> ArmChart:
     with ``show_seeds`` each seed first as a faint line (``ARM · seed S``). Arms keep one colour
     across panels (``arm_colours``). The band is clipped to the metric's range (``Panel.meta``);
     the y-axis has the metric's unit as its title and follows the means where the band would
-    swamp them (``y_range``); each curve is thinned to ``MAX_POINTS``. Secondary series (min /
+    swamp them (``y_range``); each curve is thinned to about ``MAX_POINTS``, keeping
+    every spike (``keep_extremes``). Secondary series (min /
     max / per-region) are drawn only with ``secondary``. The caption is ``aggregation_caption`` of
     the panel's first metric drawn. kwargs: ``x`` (an ``X_AXES`` key), ``smoothing`` (EMA weight,
     each seed smoothed before the mean), ``show_seeds``, ``confidence``, ``height``, ``band`` (a
