@@ -58,7 +58,8 @@ def _field_table() -> list[dict]:
 def test_the_schema_and_every_preset_dump_as_before_the_specs():
     """The recipe's algorithm fields (order, types, defaults, bounds, help), its JSON schema and every
     preset's YAML are what 3c55296 (before the generated fields) produced, byte for byte, plus the
-    fields added since: the five knobs of vespo and dro (checked, when they were added, to change
+    fields added since: the five knobs of vespo and dro and the four of the KL controller and bypass
+    mode (kl_controller, kl_target, kl_horizon, bypass_mode; checked, when they were added, to change
     nothing else), and the help of the four name fields, now written from the specs. A deliberate
     new field: regenerate the snapshot and review its diff."""
     expected = json.loads(SNAPSHOT.read_text())
@@ -128,7 +129,8 @@ def test_inert_knobs_of_the_grpo_preset_exactly():
         "algorithm.gamma", "algorithm.lam", "algorithm.gpg_alpha",  # not read by grpo
         "algorithm.value_clip", "algorithm.vf_coef", "optim.critic_lr",  # no critic
         "teacher.kl_coef", "teacher.kl_discount", "teacher.mode",  # no teacher
-    } | ({"algorithm.kl_estimator", "algorithm.kl_placement"} if load_recipe("grpo").algorithm.kl_coef == 0 else set())
+        "algorithm.kl_target", "algorithm.kl_horizon",  # kl_controller=fixed
+    } | ({"algorithm.kl_estimator", "algorithm.kl_placement", "algorithm.kl_controller"} if load_recipe("grpo").algorithm.kl_coef == 0 else set())
 
 
 def test_inert_knob_reasons():

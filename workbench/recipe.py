@@ -34,6 +34,7 @@ from workbench.core.choices import (
     ROLLOUT_REJECTIONS,
     PolicyLossConfig,
 )
+from workbench.core.kl_control import ADAPTIVE_KL_ERROR_CLIP, KL_CONTROLLERS
 from workbench.core.registry import check_choice
 from workbench.home import confined_path, workbench_home
 from workbench.yamlsafe import MAX_FILE_BYTES, YamlInputError, load_yaml, read_yaml_file, short
@@ -74,6 +75,7 @@ MAX_TEMPERATURE = 10.0  # sampling / eval temperature: above ~2 the samples are 
 # The policy-loss knobs' bounds (MAX_EPS, MAX_RATIO_CAP, MAX_SAPO_TAU, MAX_COV_BOUND) are declared
 # with the knobs, in workbench/algorithms/policy_losses.py.
 MAX_NATS = 100.0  # entropy target, OPSM / off-policy mask thresholds: per-token nats (ln(vocab) ~ 12)
+MAX_KL_HORIZON = 10**9  # algorithm.kl_horizon, in completions (verl 10000; Ziegler et al. 10000)
 MAX_IS_WEIGHT = 1000.0  # rollout_correction bounds (TRL 3, verl 2, IcePop 5)
 MAX_REJECTION_THRESHOLD = 1000.0  # rollout_rejection bounds: ratios (k1, verl e.g. 2) or divergences (k2 / k3, e.g. 0.01)
 MAX_VALUE_CLIP = 1e4  # PPO value clip, in reward units (0.2 usual)
@@ -139,6 +141,7 @@ _NAMED_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
        if f.switch.startswith("algorithm.")},
     **{k.field.removeprefix("algorithm."): (lambda k=k: k.choices) for k in _algorithm_knobs() if k.choices},
     "kl_placement": lambda: KL_PLACEMENTS,
+    "kl_controller": KL_CONTROLLERS.names,
     "rollout_correction": lambda: ROLLOUT_CORRECTIONS,
     "rollout_rejection": lambda: ROLLOUT_REJECTIONS,
     "multi_objective_aggregation": lambda: MULTI_REWARD_MODES,
@@ -181,6 +184,12 @@ class Algorithm(_AlgorithmPolicyLoss):
     kl_estimator: str = Field("k3", description=choice_help("kl_estimator", "Per-token KL estimator"))
     kl_placement: str = "in_loss"
     """in_loss (GRPO: beta*KL added per token) or in_reward (PPO/RLOO/REINFORCE++: reward shaped first)."""
+    kl_controller: str = "fixed"
+    """How beta moves between steps (verl algorithm.kl_ctrl.type, default fixed; TRL's old PPOTrainer adap_kl_ctrl): fixed keeps kl_coef; adaptive (Ziegler et al. 2019, verl AdaptiveKLController) starts at kl_coef and after each step multiplies it by 1 + clip(KL / kl_target - 1, -0.2, 0.2) x batch / kl_horizon, with KL the batch mean of each completion's mean per-token KL to the reference (the estimator's, of the step's old log-probs): up while the policy drifts past the target, down below it. verl adapts only the KL in the reward, so adaptive needs kl_placement=in_reward and kl_coef > 0. Matters for long runs whose KL would drift with a fixed beta. Logged as actor/reward_kl_penalty (the KL) and actor/reward_kl_penalty_coeff (the beta the step used); the coefficient is checkpointed, so a resume continues it."""
+    kl_target: float = Field(0.1, gt=0, le=MAX_NATS)
+    """Target of the adaptive controller: the per-token KL it steers toward, in the units of kl_estimator (verl algorithm.kl_ctrl.target_kl, default 0.1). Read only with kl_controller=adaptive."""
+    kl_horizon: int = Field(10000, ge=1, le=MAX_KL_HORIZON)
+    """Horizon of the adaptive controller in completions (verl algorithm.kl_ctrl.horizon, default 10000): one step moves beta by at most 20% x batch / kl_horizon, so it reacts over ~kl_horizon / batch steps. batch / kl_horizon must be < 5 (beyond, one step below target takes beta to 0 for good). Read only with kl_controller=adaptive."""
     entropy_coef: float = Field(0.0, ge=0, le=MAX_COEF)
     """Entropy bonus coefficient (against entropy collapse); 0 in TRL and verl by default. With use_adaptive_entropy, the coefficient's start value."""
     use_adaptive_entropy: bool = False
@@ -213,6 +222,8 @@ class Algorithm(_AlgorithmPolicyLoss):
     """Upper threshold of rollout_rejection (verl rollout_rs_threshold, required when on): a ratio for k1 modes (e.g. 2.0: keep pi_rollout / pi_old = e^k1 within [rollout_rejection_min, 2], by default [0.5, 2]), a divergence for k2 / k3 modes (e.g. 0.01)."""
     rollout_rejection_min: float | None = Field(None, gt=0, le=MAX_REJECTION_THRESHOLD)
     """Lower ratio threshold of a k1 rollout_rejection (verl rollout_rs_threshold "lower_upper"; default None = 1 / rollout_rejection_max, verl's default). k2 / k3 modes take no lower bound."""
+    bypass_mode: bool = False
+    """DPPO's bypass mode (verl algorithm.rollout_correction.bypass_mode, default False, with its default loss_type ppo_clip; no TRL / OpenRLHF setting): the old log-probs ARE the rollout engine's (two policies instead of three), so the old log-prob forward is skipped and the policy ratio pi_theta / pi_rollout carries the rollout / trainer mismatch into the clip, also at train.mu = 1 where the recomputed ratio is 1. The KL in the reward reads them too (verl's apply_kl_penalty reads old_log_probs). Saves one forward of the batch per step; matters with vLLM, bf16 rollouts or train.staleness > 0. Needs the rollout engine's log-probs (as rollout_correction); rollout_correction and rollout_rejection must be none (they would compare the rollout's log-probs with themselves), and estimators that read the policy's own statistics need the forward it skips."""
     top_entropy_quantile: float = Field(1.0, ge=0, le=1)
     """Train only on the highest-entropy tokens ("Beyond the 80/20 Rule", Wang et al. 2025; TRL top_entropy_quantile rho): tokens below the (1 - rho) entropy quantile of the batch's loss tokens get no policy loss. 1.0 = off (every token); the paper uses 0.2."""
     multi_objective_aggregation: str = "sum_then_normalize"
@@ -249,6 +260,8 @@ class Algorithm(_AlgorithmPolicyLoss):
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"algorithm.rollout_correction_min={lo} must not exceed algorithm.rollout_correction_max={hi}")
         self._check_rollout_rejection()
+        self._check_kl_controller()
+        self._check_bypass_mode(estimator)
         if self.entropy_coef_min > self.entropy_coef_max:
             raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} must not exceed "
                              f"algorithm.entropy_coef_max={self.entropy_coef_max}")
@@ -280,6 +293,32 @@ class Algorithm(_AlgorithmPolicyLoss):
                              f"(the lower bound defaults to 1 / max = {1 / hi:g}), or set algorithm.rollout_rejection_min")
         if lo is not None and lo > hi:
             raise ValueError(f"algorithm.rollout_rejection_min={lo} must not exceed algorithm.rollout_rejection_max={hi}")
+
+    def _check_kl_controller(self) -> None:
+        """An adaptive beta needs a KL in the reward to adapt (verl adapts only that one) and a
+        start above 0 (a multiplicative controller never leaves 0)."""
+        if self.kl_controller == "fixed":
+            return
+        if self.kl_placement != "in_reward":
+            raise ValueError(f"algorithm.kl_controller={self.kl_controller!r} with algorithm.kl_placement={self.kl_placement!r}: "
+                             "allowed only with kl_placement='in_reward' (verl adapts the KL in the reward; its in-loss KL keeps kl_coef)")
+        if self.kl_coef == 0:
+            raise ValueError(f"algorithm.kl_controller={self.kl_controller!r} with algorithm.kl_coef=0: the coefficient "
+                             "it adapts starts at kl_coef and never leaves 0; set kl_coef > 0 (verl 0.001)")
+
+    def _check_bypass_mode(self, estimator) -> None:
+        """Bypass mode takes old := the rollout engine's log-probs: what compares the two, or reads
+        the skipped forward's statistics, has nothing left to work on."""
+        if not self.bypass_mode:
+            return
+        for name, value in (("rollout_correction", self.rollout_correction), ("rollout_rejection", self.rollout_rejection)):
+            if value != "none":
+                raise ValueError(f"algorithm.{name}={value!r} with algorithm.bypass_mode=True: allowed only 'none' (bypass "
+                                 "mode's old log-probs are the rollout's, so the weights / divergences would be 1 / 0; "
+                                 "the clip of the ratio pi_theta / pi_rollout bounds the mismatch instead)")
+        if estimator.needs_policy_stats:
+            raise ValueError(f"algorithm.advantage={self.advantage!r} with algorithm.bypass_mode=True: it reads "
+                             "sum_v pi_v^2 from the old log-prob forward that bypass mode skips; allowed: bypass_mode=False")
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
         """The fields PolicyLossConfig has (same names), so a new loss setting needs no list here."""
@@ -619,6 +658,11 @@ class Recipe(_Section):
                 f"the batch (sampling.prompts_per_step x sampling.num_generations = {batch}) must divide into "
                 f"train.minibatches x train.grad_accum = {per_update} equal parts"
             )
+        a = self.algorithm
+        if a.kl_controller == "adaptive" and not batch / a.kl_horizon < 1.0 / ADAPTIVE_KL_ERROR_CLIP:
+            raise ValueError(f"algorithm.kl_horizon={a.kl_horizon}: must exceed {ADAPTIVE_KL_ERROR_CLIP:g} x the batch "
+                             f"({batch} completions), i.e. be > {ADAPTIVE_KL_ERROR_CLIP * batch:g}: one step below the "
+                             "target would take the adaptive coefficient to 0 for good (verl 10000)")
         if spec("advantage", self.algorithm.advantage).needs_groups and self.sampling.num_generations < 2:
             raise ValueError(
                 f"algorithm.advantage={self.algorithm.advantage!r} needs a group baseline: sampling.num_generations must be >= 2"

@@ -1,9 +1,9 @@
 """Specs of the per-token KL estimators (``workbench.core.kl.KL_ESTIMATORS``), one per registered
-name, in registry order, and the KL family's knobs (placement, coefficient)."""
+name, in registry order, and the KL family's knobs (placement, coefficient, controller)."""
 
 from __future__ import annotations
 
-from .rules import zero
+from .rules import off_unless, zero
 from .spec import Spec, by_name
 
 CORE = "workbench.core.kl"
@@ -13,7 +13,11 @@ KL_PLACEMENTS: tuple[str, ...] = ("in_reward", "in_loss")
 
 #: KL-family settings that have no effect without a KL term (kl_coef = 0 also loads no reference model).
 FAMILY_INERT = {"algorithm.kl_estimator": zero("algorithm.kl_coef", "no KL term, no reference model"),
-                "algorithm.kl_placement": zero("algorithm.kl_coef", "no KL term, no reference model")}
+                "algorithm.kl_placement": zero("algorithm.kl_coef", "no KL term, no reference model"),
+                "algorithm.kl_controller": zero("algorithm.kl_coef", "no KL term, no coefficient to adapt"),
+                # the adaptive controller's settings (verl algorithm.kl_ctrl.target_kl / horizon)
+                **{f"algorithm.kl_{knob}": off_unless("algorithm.kl_controller", "adaptive", f"only the adaptive controller reads a {knob}")
+                   for knob in ("target", "horizon")}}
 
 D = r"d = \log\pi_{ref}(x) - \log\pi_\theta(x)"
 

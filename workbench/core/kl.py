@@ -26,12 +26,10 @@ Placements:
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .choices import KL_PLACEMENTS  # noqa: F401 (no torch)
-from .masked import zero_padding
+from .masked import masked_sum, zero_padding
 from .registry import Registry
 from .shapes import check_2d, check_like
 
@@ -97,34 +95,14 @@ def kl_per_token(estimator: str, logp: torch.Tensor, ref_logp: torch.Tensor, mas
 
 
 # ---- adaptive KL coefficient -------------------------------------------------------------------
+# The controllers are pure floats (core.kl_control, torch-free so the recipe can read their names).
+from .kl_control import ADAPTIVE_KL_ERROR_CLIP, KL_CONTROLLERS, adaptive_kl_coef, fixed_kl_coef  # noqa: E402,F401
 
-# The proportional error of the adaptive controller is clipped to +-0.2 (Ziegler et al. 2019; verl).
-ADAPTIVE_KL_ERROR_CLIP = 0.2
 
-
-def adaptive_kl_coef(value: float, current_kl: float, n_steps: int, *, target_kl: float, horizon: int) -> float:
-    """The adaptive KL coefficient after one update (Ziegler et al. 2019, arXiv 1909.08593, Sec. 2.2;
-    verl 0.9.1 ``AdaptiveKLController.update``, ``algorithm.kl_ctrl.type="adaptive"``):
-
-        e      = clip(current_kl / target_kl - 1, -0.2, 0.2)
-        beta' = beta (1 + e n_steps / horizon)
-
-    beta grows while the measured KL is above target and shrinks below it, by at most 20% of
-    n_steps / horizon per update. verl calls it once per step with n_steps = the batch's
-    completions and current_kl = the batch mean of each completion's mean in-reward KL, and logs
-    them as ``actor/reward_kl_penalty`` (current_kl) and ``actor/reward_kl_penalty_coeff`` (the beta
-    the step used). Defaults in verl: kl_coef 0.001, target_kl 0.1, horizon 10000. Pure floats.
-    """
-    if not target_kl > 0:
-        raise ValueError(f"target_kl={target_kl} must be > 0")
-    if not horizon > 0:
-        raise ValueError(f"horizon={horizon} must be > 0")
-    if not math.isfinite(current_kl):
-        raise ValueError(f"current_kl={current_kl} is not finite: the coefficient would stay {current_kl} for good")
-    # verl multiplies without a check: with n_steps / horizon >= 1 / 0.2 = 5 a KL below target makes
-    # beta <= 0 (a reward for drifting away), and a multiplicative controller never leaves 0 again
-    if not n_steps / horizon < 1.0 / ADAPTIVE_KL_ERROR_CLIP:
-        raise ValueError(f"n_steps / horizon = {n_steps}/{horizon} must be < {1.0 / ADAPTIVE_KL_ERROR_CLIP:g}: one update "
-                         "with the KL below target would take the coefficient to 0 (verl: below 0) for good; raise horizon")
-    error = min(max(current_kl / target_kl - 1.0, -ADAPTIVE_KL_ERROR_CLIP), ADAPTIVE_KL_ERROR_CLIP)
-    return value * (1.0 + error * n_steps / horizon)
+def sequence_mean_kl(kl: torch.Tensor, mask: torch.Tensor) -> float:
+    """What verl's adaptive controller sees (``apply_kl_penalty``'s current_kl): each completion's
+    mean per-token KL over its valid tokens, averaged over the batch's completions (an empty
+    completion counts as 0, as verl's masked_mean over 1e-8). kl, mask: (B, T) -> a float."""
+    check_like("kl", kl, mask=mask)
+    per_sequence = masked_sum(kl, mask, 1) / mask.sum(1).clamp(min=1).to(kl.dtype)
+    return float(per_sequence.mean())

@@ -10,7 +10,8 @@ Layout of ``run_dir``::
         critic.safetensors, critic_optimizer.pt                   PPO's critic and its optimiser
         rng-rank{r}.pt                                            python / numpy / torch CPU (+ CUDA) RNG of rank r
         trainer_state.json                                        step, tokens_seen, num_tokens, world_size,
-                                                                  entropy_control (coef, last_entropy): written last
+                                                                  entropy_control (coef, last_entropy), kl_control
+                                                                  (coef): written last
     final/                          the finished policy + tokenizer: ``AutoModelForCausalLM.from_pretrained(final)``
                                     (LoRA: the merged weights W + B A alpha / r, a plain model without PEFT)
     final_adapter/                  LoRA only: the adapters alone, ``PeftModel.from_pretrained(base, final_adapter)``
@@ -81,10 +82,12 @@ class CheckpointError(RuntimeError):
 @dataclass
 class TrainState:
     """What a run carries from one step to the next besides the weights, optimisers, schedule and
-    RNGs (saved beside them): the cumulative token counts its metrics report and the adaptive
-    entropy controller's state. Saved as ``trainer_state.json`` (with the step and world size)."""
+    RNGs (saved beside them): the cumulative token counts its metrics report, the adaptive
+    entropy controller's state and the KL coefficient the next step uses (algorithm.kl_controller:
+    adaptive moves it, fixed keeps kl_coef). Saved as ``trainer_state.json`` (with the step and world size)."""
 
     entropy: EntropyControlState
+    kl_coef: float = 0.0  # beta of the next step's KL (verl's kl_ctrl.value)
     tokens_seen: float = 0.0  # completion tokens (perf/tokens)
     num_tokens_seen: float = 0.0  # prompt + completion tokens (TRL's num_tokens)
 
@@ -92,17 +95,20 @@ class TrainState:
         """The checkpoint's record (adaptive entropy control as TRL's entropy_ctrl_state.json; inf -> null)."""
         ent = self.entropy
         return {"step": step, "tokens_seen": self.tokens_seen, "num_tokens": self.num_tokens_seen, "world_size": world,
-                "entropy_control": {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None}}
+                "entropy_control": {"coef": ent.coef, "last_entropy": ent.last_entropy if math.isfinite(ent.last_entropy) else None},
+                "kl_control": {"coef": self.kl_coef}}
 
     def restored(self, state: dict[str, Any]) -> "TrainState":
         """This state with a checkpoint's record read back. Records from before a field existed
-        keep this state's value for it (num_tokens: 0; the entropy controller starts afresh)."""
+        keep this state's value for it (num_tokens: 0; the entropy controller starts afresh; the KL
+        coefficient: kl_coef, which is what a run without the adaptive controller always had)."""
         entropy = self.entropy
         if "entropy_control" in state:
             ent = state["entropy_control"]
             entropy = EntropyControlState(coef=float(ent["coef"]),
                                           last_entropy=math.inf if ent["last_entropy"] is None else float(ent["last_entropy"]))
-        return TrainState(entropy=entropy, tokens_seen=float(state["tokens_seen"]),
+        kl_coef = float(state["kl_control"]["coef"]) if "kl_control" in state else self.kl_coef
+        return TrainState(entropy=entropy, kl_coef=kl_coef, tokens_seen=float(state["tokens_seen"]),
                           num_tokens_seen=float(state.get("num_tokens", 0.0)))
 
 

@@ -302,7 +302,7 @@ class SameBatchLens:
         after = parameters_to_vector(params).detach().clone()
         update = (self._before - after).double()
         g_values = ranks.gather(batch.old_values) if batch.old_values is not None else None
-        advantages = lens_advantages(g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values, baselines=g_baselines)
+        advantages = lens_advantages(g_rewards, g_mask, tr.advantage_config(), kl=g_kl, values=g_values, baselines=g_baselines)
         run = (lens_key(a.advantage, a.grpo_scale), a.policy_loss)
         distilled = tr.distill_inputs if tr.teacher is not None else None
         if distilled is not None:  # the teacher log-probs this step scored: reused, never recomputed
@@ -326,7 +326,7 @@ class SameBatchLens:
                     logp, entropy = logprobs_and_entropy(model, batch, r.sampling.temperature, entropy_grad=coef > 0,
                                                           shared_prefix=r.train.shared_prefix)
                     if point == "before":  # the run's ratio denominator at theta_before, kept for theta_after
-                        old = logp.detach() if r.train.single_pass or batch.old_logp is None else batch.old_logp
+                        old = tr.ratio_old_logp(logp, batch)
 
                     def objective(lp, h, adv, loss_name, old=old):
                         return tr.run_objective(batch, lp, h, old, entropy_coef=coef, num_tokens=num_tokens,

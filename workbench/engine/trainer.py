@@ -59,11 +59,13 @@ from workbench.core import (
     reward_metrics,
     rollout_correction,
     sequence_clip_fractions,
+    sequence_mean_kl,
     terminated_length_metrics,
     token_std_metric,
     truncation_mask,
 )
 from workbench.core.choices import BASELINE_ESTIMATORS, POLICY_STAT_ESTIMATORS
+from workbench.core.kl_control import KL_CONTROLLERS
 from workbench.core.entropy_control import EntropyControl, EntropyControlState, applied_entropy_coef, update_entropy_control
 from workbench.core.distillation import distillation_metrics, shape_advantages
 from workbench.engine import checkpoint, rundir, seeds
@@ -320,7 +322,8 @@ class Trainer:
         # adaptive entropy control (core.entropy_control): state carried across updates and checkpoints
         self.entropy_control = EntropyControl(a.entropy_target, a.entropy_coef_delta, a.entropy_coef_min,
                                               a.entropy_coef_max) if a.use_adaptive_entropy else None
-        self.state = checkpoint.TrainState(entropy=EntropyControlState(coef=a.entropy_coef))  # what a checkpoint saves
+        # what a checkpoint saves; kl_coef: beta of the next step (algorithm.kl_controller moves it)
+        self.state = checkpoint.TrainState(entropy=EntropyControlState(coef=a.entropy_coef), kl_coef=a.kl_coef)
         # (sum of H over loss tokens, their count) of the current update: float64, added up on the device
         self._entropy_window: list[float | torch.Tensor] = [0.0, 0.0]
         self._entropy_coefs: list[float] = []  # the coefficient after each update of this step (TRL's entropy_coef)
@@ -529,7 +532,7 @@ class Trainer:
         # passes, and the KL to the reference. The rollout engine's log-probs are other numbers
         # (vLLM: renormalised under top_p < 1, possibly bf16); verl and OpenRLHF recompute too.
         correct, reject = a.rollout_correction != "none", a.rollout_rejection != "none"
-        for name, on in (("rollout_correction", correct), ("rollout_rejection", reject)):
+        for name, on in (("rollout_correction", correct), ("rollout_rejection", reject), ("bypass_mode", a.bypass_mode)):
             if on and out.rollout_logp is None:
                 raise ValueError(f"algorithm.{name}={getattr(a, name)!r} needs the rollout engine's log-probs, "
                                  f"and rollout backend {r.train.rollout!r} gave none")
@@ -538,7 +541,9 @@ class Trainer:
         policy_stats = a.advantage in POLICY_STAT_ESTIMATORS
         needs_old = not r.train.single_pass or self.reference is not None or correct or reject or self.teacher is not None
         sum_pi_squared = None
-        if policy_stats:
+        if a.bypass_mode:  # verl apply_bypass_mode: old := the rollout engine's log-probs, no forward
+            old_logp = out.rollout_logp
+        elif policy_stats:
             old_logp, sum_pi_squared = logprobs_and_sum_pi_squared(self.policy, out, r.sampling.temperature, r.train.shared_prefix)
         else:
             old_logp = logprobs_and_entropy(self.policy, out, r.sampling.temperature, False, shared_prefix=r.train.shared_prefix)[0] if needs_old else None
@@ -561,7 +566,7 @@ class Trainer:
         if policy_stats:  # verl weighs the paths by rho^2 too when the rollout is corrected
             stats = dict(old_logp=ranks.gather(old_logp), sum_pi_squared=ranks.gather(sum_pi_squared),
                          is_weights=g_is_weights)
-        adv = compute_advantages(a.advantage, g_rewards, g_mask, r.advantage_config(), kl=g_kl, values=g_values,
+        adv = compute_advantages(a.advantage, g_rewards, g_mask, self.advantage_config(), kl=g_kl, values=g_values,
                                  baselines=g_baselines, **stats)
         if self.teacher is not None:
             adv = adv._replace(advantages=self.distill(out, old_logp, g_mask, adv.advantages))  # returns (critic targets) stay
@@ -572,6 +577,35 @@ class Trainer:
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
                           out.rollout_logp if a.off_policy_mask_threshold is not None else None)
         return batch, (g_rewards, g_mask, g_kl, adv.advantages)
+
+    def advantage_config(self):
+        """The recipe's advantage settings with this step's KL coefficient when the KL is in the
+        reward: ``state.kl_coef`` (algorithm.kl_coef under the fixed controller, the adaptive
+        controller's beta otherwise). The lens reads it too, before the step's controller update."""
+        cfg = self.recipe.advantage_config()
+        return replace(cfg, kl_coef=self.state.kl_coef) if self.recipe.algorithm.kl_placement == "in_reward" else cfg
+
+    def update_kl_controller(self, g_kl: torch.Tensor | None, g_mask: torch.Tensor) -> dict[str, float]:
+        """After the step's advantages were shaped with beta = ``state.kl_coef``: the controller's
+        next beta from this step's KL, as verl's ``apply_kl_penalty`` (current_kl = the batch mean of
+        each completion's mean KL, core.sequence_mean_kl; n_steps = the global batch's completions),
+        and verl's figures: ``actor/reward_kl_penalty`` (current_kl) and ``actor/reward_kl_penalty_coeff``
+        (the beta this step used). Only with a KL in the reward (verl use_kl_in_reward), else {}."""
+        a = self.recipe.algorithm
+        if g_kl is None or a.kl_placement != "in_reward":
+            return {}
+        beta, current_kl = self.state.kl_coef, sequence_mean_kl(g_kl, g_mask)
+        self.state.kl_coef = KL_CONTROLLERS.get(a.kl_controller)(beta, current_kl, g_mask.shape[0], target_kl=a.kl_target,
+                                                                  horizon=a.kl_horizon)
+        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def ratio_old_logp(self, logp: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """The ratio's denominator for ``logp`` (rows of ``batch``): the batch's old log-probs
+        (recomputed; with bypass_mode the rollout engine's), or at one update per batch sg(logp),
+        which the recomputed ones equal up to rounding (so the ratio is exactly 1)."""
+        if self.recipe.train.single_pass and not self.recipe.algorithm.bypass_mode:
+            return logp.detach()
+        return batch.old_logp
 
     def distill(self, out, old_logp: torch.Tensor, g_mask: torch.Tensor, g_adv: torch.Tensor) -> torch.Tensor:
         """On-policy distillation (core.distillation, slime OPD): the global batch's advantages shaped
@@ -607,8 +641,7 @@ class Trainer:
         entropy_coef = self.entropy_coef_now()
         logp, entropy = logprobs_and_entropy(self.policy, mb, r.sampling.temperature, entropy_grad=entropy_coef > 0,
                                               shared_prefix=r.train.shared_prefix)
-        old = logp.detach() if r.train.single_pass else mb.old_logp
-        obj = self.run_objective(mb, logp, entropy, old, entropy_coef=entropy_coef, num_tokens=num_tokens, num_seqs=num_seqs)
+        obj = self.run_objective(mb, logp, entropy, self.ratio_old_logp(logp, mb), entropy_coef=entropy_coef, num_tokens=num_tokens, num_seqs=num_seqs)
         scale = float(self.world)  # DDP averages gradients over ranks; undo it
         policy_loss = obj.loss * scale
         metrics = obj.metrics
@@ -757,13 +790,15 @@ class Trainer:
         t_train = time.perf_counter() - t1
         g_baselines = ranks.gather(baselines) if baselines is not None else None
         lens = self.lens.evaluate(batch, g_train_rewards, g_mask, g_kl, r.logging.diagnostics_sequences, g_baselines) if lens_due else None
+        reward_kl = self.update_kl_controller(g_kl, g_mask)  # after the lens, which reads this step's beta
 
         # ---- the global batch's figures (every rank takes part in the same collectives) ----
         optimised = ranks_mean(ranks, optimised)
         reward_logged = self._reward_logged_metrics()
         g_per_fn = {name: ranks.gather(values.to(acc.device)).cpu() for name, values in per_fn.items()}
         g_truncated = ranks.gather(out.truncated.to(acc.device)).cpu()
-        trainer_logp = batch.old_logp if batch.old_logp is not None else first_logp
+        # the trainer's log-probs of the behaviour policy; bypass_mode's old log-probs are the rollout's
+        trainer_logp = first_logp if r.algorithm.bypass_mode or batch.old_logp is None else batch.old_logp
         sampling = self._sampling_metrics(trainer_logp, out) if out.rollout_logp is not None and trainer_logp is not None else {}
         step_time = time.perf_counter() - t0
         timings = {"perf/step_time": step_time, "perf/generation_time": t_gen, "perf/train_time": t_train,
@@ -774,7 +809,7 @@ class Trainer:
         if self.evaluator and final_step:
             evaluated = self.evaluate(step + 1)
         metrics = step_metrics(
-            optimised, g_rewards=g_rewards, group_size=r.sampling.num_generations, sampled=sampled,
+            optimised, g_rewards=g_rewards, group_size=r.sampling.num_generations, sampled=sampled, reward_kl=reward_kl,
             reward_logged=reward_logged, distill=self.distill_metrics, g_per_fn=g_per_fn, g_baselines=g_baselines,
             g_mask=g_mask, g_truncated=g_truncated, g_kl=g_kl, sampling=sampling, timings=timings,
             tokens_seen=self.state.tokens_seen, num_tokens_seen=self.state.num_tokens_seen, prompts_truncated=prompts_truncated,
@@ -915,12 +950,13 @@ def ranks_mean(ranks: Ranks, metrics: dict[str, float]) -> dict[str, float]:
     return dict(zip(names, (float(v) for v in values)))
 
 
-def step_metrics(optimised: dict[str, float], *, g_rewards, group_size: int, sampled: dict, reward_logged: dict,
+def step_metrics(optimised: dict[str, float], *, g_rewards, group_size: int, sampled: dict, reward_kl: dict, reward_logged: dict,
                  distill: dict, g_per_fn: dict, g_baselines, g_mask, g_truncated, g_kl, sampling: dict,
                  timings: dict[str, float], tokens_seen: float, num_tokens_seen: float, prompts_truncated: float,
                  evaluated: dict, step: int) -> dict[str, float]:
     """One step's ``metrics`` event from its global-batch figures (no collective, no state; the
-    key order is the event's). optimised: optimise()'s metrics (averaged over ranks);
+    key order is the event's). optimised: optimise()'s metrics (averaged over ranks); reward_kl:
+    update_kl_controller's verl figures ({} without a KL in the reward);
     g_rewards (B,), g_mask (B, T), g_truncated (B,), g_kl (B, T) or None, g_per_fn name -> (B,),
     g_baselines (B,) or None: gathered over ranks. timings: the ``perf/*_time`` figures, step time
     first. tokens_seen / num_tokens_seen: the run's cumulative counts after this step."""
@@ -937,6 +973,7 @@ def step_metrics(optimised: dict[str, float], *, g_rewards, group_size: int, sam
     metrics.update({k: float(v) for k, v in terminated_length_metrics(g_mask.cpu(), g_truncated).items()})
     metrics["kl"] = float(masked_mean(g_kl, g_mask)) if g_kl is not None else 0.0
     metrics["kl/token_std"] = float(token_std_metric(g_kl, g_mask)) if g_kl is not None else 0.0
+    metrics.update(reward_kl)
     metrics.update(sampling)
     metrics.update(timings)
     metrics["perf/tokens_per_s"] = float(g_mask.sum()) / timings["perf/step_time"]

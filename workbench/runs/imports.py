@@ -547,8 +547,9 @@ VERL_KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_
 
 def verl_recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The recipe fields verl's Hydra config gives (``VERL_CONFIG``; the KL from use_kl_loss /
-    kl_loss_coef / kl_loss_type, or use_kl_in_reward / kl_ctrl.kl_coef / kl_penalty; the rollout
-    correction and rejection from ``verl_rollout_mismatch``) and the label."""
+    kl_loss_coef / kl_loss_type, or use_kl_in_reward / kl_ctrl.kl_coef / kl_penalty with the
+    in-reward controller from ``verl_kl_controller``; the rollout correction, rejection and bypass
+    mode from ``verl_rollout_mismatch``) and the label."""
     recipe: dict[str, Any] = {}
     for path, (target, convert) in VERL_CONFIG.items():
         value = convert(_lookup(config, path))
@@ -571,10 +572,35 @@ def verl_recipe(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         _set(recipe, "algorithm.kl_estimator", VERL_KL_ESTIMATORS[estimator])
     if placement is not None:
         _set(recipe, "algorithm.kl_placement", placement)
+    for path, value in (verl_kl_controller(config) if placement == "in_reward" else {}).items():
+        _set(recipe, path, value)
     for path, value in verl_rollout_mismatch(config).items():
         _set(recipe, path, value)
     estimator_name = _lookup(config, "algorithm.adv_estimator")  # no seed: verl seeds data and rollout apart
     return recipe, f"{estimator_name} (verl)" if isinstance(estimator_name, str) else "verl"
+
+
+#: verl algorithm.kl_ctrl.type -> algorithm.kl_controller (core.kl_control.KL_CONTROLLERS: verl's names)
+VERL_KL_CONTROLLERS = {"fixed": "fixed", "adaptive": "adaptive"}
+
+
+def verl_kl_controller(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe fields of verl's ``algorithm.kl_ctrl`` (KLControlConfig): type -> kl_controller,
+    and for the adaptive one target_kl -> kl_target, horizon -> kl_horizon. verl builds the
+    controller only for the KL in the reward (use_kl_in_reward); the caller asks only then. A
+    value that is not a known type, a positive number or a positive integer is left out."""
+    ctrl = "algorithm.kl_ctrl"
+    kind = VERL_KL_CONTROLLERS.get(_lookup(config, f"{ctrl}.type")) if isinstance(_lookup(config, f"{ctrl}.type"), str) else None
+    if kind is None:
+        return {}
+    out: dict[str, Any] = {"algorithm.kl_controller": kind}
+    if kind == "adaptive":
+        target, horizon = _number(_lookup(config, f"{ctrl}.target_kl")), _positive_int(_lookup(config, f"{ctrl}.horizon"))
+        if target is not None and target > 0:
+            out["algorithm.kl_target"] = target
+        if horizon is not None:
+            out["algorithm.kl_horizon"] = horizon
+    return out
 
 
 def _verl_rs_bounds(mode: str, spec: Any) -> tuple[float | None, float] | None:
@@ -603,10 +629,16 @@ def verl_rollout_mismatch(config: Mapping[str, Any]) -> dict[str, Any]:
     rollout_correction {level}_truncate with that max and rollout_is_batch_normalize;
     one rollout_rs mode with its rollout_rs_threshold -> rollout_rejection and its bounds. Several
     comma-separated modes (verl keeps a token only if each keeps it) have no single recipe value
-    and are left out, as is anything that does not parse."""
+    and are left out, as is anything that does not parse. bypass_mode=True with loss_type
+    ppo_clip (verl's default) -> bypass_mode, alone: verl's PPO-clip bypass loss applies no IS
+    weights (they are computed for its metrics only), and its rejection compares the *current*
+    log-probs with the rollout's inside the loss, which no recipe field does; bypass with
+    loss_type reinforce (REINFORCE with IS weights) has no recipe counterpart and gives nothing."""
     from workbench.core.choices import IS_LEVELS, REJECTION_MODES
 
     rc = "algorithm.rollout_correction"
+    if _lookup(config, f"{rc}.bypass_mode") is True:
+        return {"algorithm.bypass_mode": True} if _lookup(config, f"{rc}.loss_type") in (None, "ppo_clip") else {}
     out: dict[str, Any] = {}
     level, threshold = _lookup(config, f"{rc}.rollout_is"), _number(_lookup(config, f"{rc}.rollout_is_threshold"))
     if level in IS_LEVELS and threshold is not None and threshold > 0:

@@ -120,6 +120,16 @@ PANELS: dict[str, Panel] = {
                           "Std over the batch's completion tokens of the per-token KL estimate whose mean is kl "
                           "(0 when kl_coef = 0): large with a small mean, a few tokens carry the divergence.",
         NATS.but(axis="nats per token (std)")),
+    # verl's names (ray_trainer.apply_kl_penalty), logged whenever the KL is in the reward
+    "reward_kl_penalty": Panel("KL in the reward (what the controller sees)", ("actor/reward_kl_penalty",),
+                               "verl's actor/reward_kl_penalty: the batch mean of each completion's mean per-token KL "
+                               "estimate, the KL algorithm.kl_controller=adaptive steers toward kl_target.",
+        KL_ESTIMATE),
+    "reward_kl_penalty_coeff": Panel("KL coefficient", ("actor/reward_kl_penalty_coeff",),
+                                     "verl's actor/reward_kl_penalty_coeff: the beta this step's rewards were shaped "
+                                     "with (kl_placement=in_reward); constant under kl_controller=fixed, moved each step "
+                                     "by the adaptive controller.",
+        Metric("coefficient", 0.0)),
     "distill_reverse_kl": Panel("Reverse KL to the teacher", ("distill/reverse_kl",),
                                 "On-policy distillation: token mean of log pi_student - log pi_teacher on the "
                                 "student's samples, an unbiased estimate of KL(student || teacher) (one step can be < 0).",
