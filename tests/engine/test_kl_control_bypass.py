@@ -3,13 +3,13 @@ real runs of the built-in tiny model (one CPU thread: runs repeat exactly), thei
 and their verl import."""
 
 import json
-import shutil
 from dataclasses import replace
 
 import pytest
 import torch
 
 import workbench.engine.trainer as trainer_module
+from tests.engine.test_zoo_controls import resumed_after_step_1
 from workbench.core import KL_CONTROLLERS, compute_advantages, sequence_mean_kl
 from workbench.engine.events import read_events
 from workbench.engine.ranks import global_counts
@@ -98,15 +98,7 @@ def test_the_advantages_are_shaped_with_the_controllers_beta(wb_home, few_proble
 def test_resume_continues_the_same_kl_coefficient(few_problems, tmp_path):
     overrides = [*ADAPTIVE, "checkpoint.every=2", "checkpoint.keep_last=2"]
     straight = _run(few_problems, tmp_path / "straight", *overrides, steps=4)
-    # a run that stopped after step 1's checkpoint: its recipe, that checkpoint and the events up to it
-    cut = tmp_path / "cut"
-    (cut / "checkpoints").mkdir(parents=True)
-    shutil.copy(tmp_path / "straight" / "recipe.yaml", cut / "recipe.yaml")
-    shutil.copytree(tmp_path / "straight" / "checkpoints" / "step-00000001", cut / "checkpoints" / "step-00000001")
-    lines = (tmp_path / "straight" / "events.jsonl").read_text().splitlines(keepends=True)
-    (cut / "events.jsonl").write_text("".join(line for line in lines if '"step": 0' in line or '"step": 1,' in line))
-    assert train(load_recipe(str(cut / "recipe.yaml")), cut, resume=True) == "finished"
-    resumed = {e["step"]: e["metrics"] for e in read_events(cut) if e["kind"] == "metrics"}
+    resumed = resumed_after_step_1(tmp_path / "straight", tmp_path / "cut")
     betas = [straight[s]["actor/reward_kl_penalty_coeff"] for s in range(4)]
     assert betas == pytest.approx(_hand_betas([straight[s]["actor/reward_kl_penalty"] for s in range(4)], 0.05, 0.001, 64),
                                   rel=1e-12, abs=0)

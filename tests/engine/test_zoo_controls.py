@@ -38,20 +38,23 @@ def test_entropy_coefficient_falls_above_the_target_to_its_floor(few_problems, t
     assert [low[s]["entropy_coef"] for s in range(3)] == pytest.approx([0.005, 0.001, 0.001])
 
 
+def resumed_after_step_1(straight, cut) -> dict[int, dict]:
+    """Resume, in ``cut``, a run that stopped after the step-1 checkpoint of the run in ``straight``
+    (its recipe, that checkpoint and the events up to it); its metrics by step."""
+    (cut / "checkpoints").mkdir(parents=True)
+    shutil.copy(straight / "recipe.yaml", cut / "recipe.yaml")
+    shutil.copytree(straight / "checkpoints" / "step-00000001", cut / "checkpoints" / "step-00000001")
+    lines = (straight / "events.jsonl").read_text().splitlines(keepends=True)
+    (cut / "events.jsonl").write_text("".join(line for line in lines if '"step": 0' in line or '"step": 1,' in line))
+    assert train(load_recipe(str(cut / "recipe.yaml")), cut, resume=True) == "finished"
+    return {e["step"]: e["metrics"] for e in read_events(cut) if e["kind"] == "metrics"}
+
+
 def test_resume_restores_the_entropy_controller_exactly(few_problems, tmp_path):
     overrides = [*ENTROPY, "algorithm.entropy_target=100", "algorithm.entropy_coef_delta=0.004", "checkpoint.every=2",
                  "checkpoint.keep_last=2"]
     straight = _run(few_problems, tmp_path / "straight", *overrides, steps=4)
-    # a run that stopped after step 1's checkpoint: its recipe, that checkpoint and the events up to it
-    cut = tmp_path / "cut"
-    (cut / "checkpoints").mkdir(parents=True)
-    shutil.copy(tmp_path / "straight" / "recipe.yaml", cut / "recipe.yaml")
-    shutil.copytree(tmp_path / "straight" / "checkpoints" / "step-00000001", cut / "checkpoints" / "step-00000001")
-    lines = (tmp_path / "straight" / "events.jsonl").read_text().splitlines(keepends=True)
-    (cut / "events.jsonl").write_text("".join(line for line in lines if '"step": 0' in line or '"step": 1,' in line))
-    recipe = load_recipe(str(cut / "recipe.yaml"))
-    assert train(recipe, cut, resume=True) == "finished"
-    resumed = {e["step"]: e["metrics"] for e in read_events(cut) if e["kind"] == "metrics"}
+    resumed = resumed_after_step_1(tmp_path / "straight", tmp_path / "cut")
     assert [straight[s]["entropy_coef"] for s in range(4)] == pytest.approx([0.004, 0.008, 0.012, 0.016])
     for step in (2, 3):
         drop = lambda m: {k: v for k, v in m.items() if not k.startswith("perf/")}  # noqa: E731
