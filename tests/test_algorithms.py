@@ -130,6 +130,9 @@ def test_inert_knobs_of_the_grpo_preset_exactly():
         "algorithm.value_clip", "algorithm.vf_coef", "optim.critic_lr",  # no critic
         "teacher.kl_coef", "teacher.kl_discount", "teacher.mode",  # no teacher
         "algorithm.kl_target", "algorithm.kl_horizon",  # kl_controller=fixed
+        "algorithm.rollout_correction_min", "algorithm.rollout_correction_max",  # rollout_correction=none
+        "algorithm.rollout_correction_batch_normalize",
+        "algorithm.rollout_rejection_min", "algorithm.rollout_rejection_max",  # rollout_rejection=none
     } | ({"algorithm.kl_estimator", "algorithm.kl_placement", "algorithm.kl_controller"} if load_recipe("grpo").algorithm.kl_coef == 0 else set())
 
 
@@ -150,6 +153,11 @@ def test_inert_knob_reasons():
         assert ("algorithm.lam" in got) == (not s.needs_critic), name
         assert ("algorithm.vf_coef" in got) == (not s.needs_critic), name
     assert "algorithm.adv_eps" in inert(algorithm__grpo_scale="none") and "algorithm.adv_eps" not in inert()
+    assert inert()["algorithm.rollout_rejection_max"] == "algorithm.rollout_rejection='none': no rejection to bound"
+    on = inert(algorithm__rollout_correction="token_truncate", algorithm__rollout_rejection="seq_mean_k1",
+               algorithm__rollout_rejection_max=2.0)
+    assert not {"algorithm.rollout_correction_max", "algorithm.rollout_correction_batch_normalize",
+                "algorithm.rollout_rejection_max", "algorithm.rollout_rejection_min"} & set(on)
     assert set(inert(algorithm__policy_loss="cispo")) >= {"algorithm.eps_low", "algorithm.eps_high"}
     # absolute bounds have no lower one: eps_low is inert at any mu, and really changes nothing off-policy
     absolute = inert(algorithm__policy_loss="cispo", algorithm__cispo_bounds="absolute", train__mu=2)

@@ -6,10 +6,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .rules import at_ratio_one, single_pass
+from .rules import at_ratio_one, off_at, single_pass
 from .spec import MAX_COEF, MAX_SEED, Knob, LabSlider, RecipeData, RegionLab, Spec, Walkthrough, by_name, setting
 
 CORE = "workbench.core.policy_losses"
+
+#: Settings of the rollout-mismatch corrections that weigh or mask the policy loss, inert while
+#: their switch is off (verl rollout_is / rollout_rs at null): a sweep over them would give equal arms.
+FAMILY_INERT = {
+    **{f"algorithm.rollout_correction_{knob}": off_at("algorithm.rollout_correction", "none", "no importance weights to bound or normalise")
+       for knob in ("min", "max", "batch_normalize")},
+    **{f"algorithm.rollout_rejection_{knob}": off_at("algorithm.rollout_rejection", "none", "no rejection to bound")
+       for knob in ("min", "max")},
+}
 
 GSPO_VARIANTS: tuple[str, ...] = ("sequence", "token")
 CISPO_BOUNDS: tuple[str, ...] = ("relative", "absolute")

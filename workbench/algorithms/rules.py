@@ -33,6 +33,14 @@ def off_unless(path: str, value: object, what: str) -> Callable[[RecipeData], st
     return rule
 
 
+def off_at(path: str, value: object, what: str) -> Callable[[RecipeData], str | None]:
+    """A knob rule: the knob has no effect while ``path`` equals ``value`` (its switch is off)."""
+    def rule(data: RecipeData) -> str | None:
+        return f"{path}={value!r}: {what}" if setting(data, path) == value else None
+
+    return rule
+
+
 def zero(path: str, what: str) -> Callable[[RecipeData], str | None]:
     """A knob rule: the knob has no effect while the coefficient at ``path`` is 0."""
     def rule(data: RecipeData) -> str | None:
