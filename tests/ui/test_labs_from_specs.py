@@ -3,6 +3,8 @@ keyed by algorithm name left in a lab: every registered spec has its entry in ea
 registered by a test (with its function in the core registry) appears in the labs without a lab
 file touched."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -144,3 +146,42 @@ def test_the_kl_lab_compares_every_estimator_with_a_value_of_its_own(home):
         algorithms.unregister("kl_estimator", "test_2k1")
         KL_ESTIMATORS.unregister("test_2k1")
     assert lab_kl.lab_estimators() == tuple(own)
+
+
+def test_the_walkthroughs_estimator_table_and_known_biases_come_from_the_specs(home):
+    """The walkthroughs' all-estimators table lists the estimators from the specs (a test's
+    estimator registered with its spec gets its column, computed by its function; unregistered, it
+    is gone), and a preset's known biases are those its chosen specs declare (``Spec.biases``): a
+    test's aggregation declaring the length bias makes a preset that uses it show that example."""
+    from workbench.core import ADVANTAGE_ESTIMATORS
+    from workbench.ui.labs.estimators import preset_biases
+    from workbench.viz import lab_estimators
+
+    def doubled_dr_grpo(rewards, mask, cfg, **_):
+        """2 x Dr. GRPO (a test's estimator)."""
+        out = ADVANTAGE_ESTIMATORS.get("grpo")(rewards, mask, replace(cfg, scale="none"))
+        return out._replace(advantages=2 * out.advantages, returns=2 * out.returns)
+
+    globals()["doubled_dr_grpo"] = doubled_dr_grpo  # the spec's implementation path names it
+    ADVANTAGE_ESTIMATORS.register("test_2dr")(doubled_dr_grpo)
+    algorithms.register(Spec("advantage", "test_2dr", "2 Dr. GRPO", f"{__name__}:doubled_dr_grpo", needs_groups=True))
+    try:
+        at = lab("walkthrough-grpo").run()
+        assert not at.exception
+        table = next(d.value for d in at.dataframe if "GRPO" in d.value.columns)
+        assert table["2 Dr. GRPO"].tolist() == [2 * a for a in table["Dr. GRPO"].tolist()]
+        assert "2 Dr. GRPO" in {t["name"] for t in chart(at, "grpo_adv_fig")["data"]}
+    finally:
+        algorithms.unregister("advantage", "test_2dr")
+        ADVANTAGE_ESTIMATORS.unregister("test_2dr")
+    assert "2 Dr. GRPO" not in [v.label for v in lab_estimators.sequence_variants()]
+
+    assert preset_biases("grpo") == ("std", "length")  # group std; seq-mean-token-mean
+    assert preset_biases("dr_grpo") == () and preset_biases("cispo") == ("std",)
+    agg = FAMILIES["aggregation"].specs["seq-mean-token-sum-norm"]  # dr_grpo's aggregation
+    FAMILIES["aggregation"].specs[agg.name] = replace(agg, biases=lambda data: ("length",))
+    try:
+        assert preset_biases("dr_grpo") == ("length",)
+    finally:
+        FAMILIES["aggregation"].specs[agg.name] = agg
+    assert preset_biases("dr_grpo") == ()

@@ -251,8 +251,17 @@ def test_all_estimators_side_by_side_by_hand():
     assert t["RLOO"].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, 1 / 3, -1.0])
     assert t["GRPO"].tolist()[:2] == pytest.approx([1.5, -0.5])  # group std 0.5
     assert t["REINFORCE (batch mean)"].tolist()[0] == pytest.approx(0.5)
+    # one-token sequences: OPO's length-weighted baseline is the group mean (Dr. GRPO's numbers);
+    # pass@k credits only a group's strict best, (1 - 0) / std_g = 1 / 0.5 = 2 in group 1, group 2's
+    # best is tied (three 1s) -> 0; GPG at the paper's F_norm = 1, alpha = B / (B - M) = 8 / 8 -> Dr. GRPO
+    assert t["OPO (optimal baseline)"].tolist() == t["Dr. GRPO"].tolist()
+    assert t["GRPO pass@k"].tolist() == pytest.approx([2.0, 0, 0, 0, 0, 0, 0, 0])
+    assert t["GPG"].tolist() == pytest.approx(t["Dr. GRPO"].tolist())
+    # every advantage estimator whose example needs only the rewards, from the specs, in registry order
+    assert list(t.columns[2:]) == ["GRPO", "Dr. GRPO", "GRPO (batch std)", "RLOO", "REINFORCE (batch mean)", "REINFORCE++",
+                                   "REINFORCE++ baseline", "OPO (optimal baseline)", "GRPO pass@k", "GPG"]
     fig = json.loads(est.advantages_figure(t).to_json())
-    assert [d["name"] for d in fig["data"]] == [v.label for v in est.SEQUENCE_VARIANTS]
+    assert [d["name"] for d in fig["data"]] == [v.label for v in est.sequence_variants()]
     with pytest.raises(ValueError, match="group size=3"):
         est.sequence_advantages([1, 0, 0, 0], group_size=3)
 
@@ -272,7 +281,7 @@ def test_walkthrough_shows_the_engines_advantages_for_the_same_rewards():
     for col in ("GRPO", "Dr. GRPO", "GRPO (batch std)", "RLOO"):  # the group baselines, unwhitened
         assert t[col].tolist()[:8] == [0.0] * 8, col
     t = est.sequence_advantages([0.7] * 3, group_size=3)
-    assert all(t[v.label].tolist() == [0.0] * 3 for v in est.SEQUENCE_VARIANTS)
+    assert all(t[v.label].tolist() == [0.0] * 3 for v in est.sequence_variants())
 
 
 def test_gae_table_by_hand():

@@ -48,6 +48,9 @@ SPECS: dict[str, Spec] = by_name(
          ("Std bias: dividing by the group's std gives the rare answer |A| = 1.5 in a group of 4, right or wrong, "
           "and cancels the reward scale (0.1, 0, 0, 0 gets the same 1.5 as 1, 0, 0, 0); scale='none' (Dr. GRPO) removes it.",
           "All-equal groups get exactly 0 (no signal)."), preset="grpo", needs_groups=True, inert_when=no_critic,
+         example_variants=(("GRPO", {"scale": "group"}), ("Dr. GRPO", {"scale": "none"}),
+                           ("GRPO (batch std)", {"scale": "batch"})),
+         biases=lambda data: () if setting(data, "algorithm.grpo_scale") == "none" else ("std",),
          walkthroughs=(Walkthrough("grpo", "GRPO", "grpo", "Group-standardised rewards (DeepSeekMath, Shao et al. 2024), PPO clip, "
                                  "per-sequence mean, k3 KL in the loss.", biases=("std", "length"),
                                  helpers=("workbench.core.policy_losses:clip_policy_loss",
@@ -134,7 +137,7 @@ SPECS: dict[str, Spec] = by_name(
           "rewards, which differs when a right answer scores 0 or a wrong one not.",
           "One positive scale per batch: with Adam it mostly changes the step only while M changes.",
           "scale='none' is the paper's F_norm = 1; 'group' divides by std_g + eps."), preset="gpg", needs_groups=True,
-         inert_when=no_critic),
+         inert_when=no_critic, example_variants=(("GPG", {"scale": "none"}),)),  # the paper's F_norm = 1
     Spec("advantage", "optimal_token_baseline", "Optimal token baseline", f"{CORE}:optimal_token_baseline_advantages",
          OTB_EQUATIONS,
          "One baseline per sequence ignores that the gradient's variance accumulates along the completion: a "

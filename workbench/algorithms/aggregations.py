@@ -18,7 +18,8 @@ SPECS: dict[str, Spec] = by_name(
          "GRPO's original average: each completion weighs the same.",
          "TRL loss_type grpo; verl loss_agg_mode seq-mean-token-mean.",
          notes=("Length bias: a token of a short completion weighs 1/|o_i|, more than one of a long completion, so long "
-                "wrong answers are penalised less (Dr. GRPO, Liu et al. 2025).",), preset="grpo"),
+                "wrong answers are penalised less (Dr. GRPO, Liu et al. 2025).",), preset="grpo",
+         biases=lambda data: ("length",)),
     Spec("aggregation", "seq-mean-token-sum", "seq-mean-token-sum", f"{CORE}:seq_mean_token_sum",
          (r"L = \frac{1}{B} " + SUM,),
          "Sums each completion's tokens, averages over completions: no per-length normalisation. With GSPO's "

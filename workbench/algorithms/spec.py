@@ -174,6 +174,12 @@ class Spec:
     #: Another name of the family whose value this one equals (the straight-through k1+ has k1's value
     #: and k2's gradient): views of values alone (the KL lab's bias / variance table) show the pair once.
     same_value_as: str | None = None
+    #: Advantage estimators: the columns the all-estimators table of the walkthroughs shows it as, each
+    #: (label, AdvantageConfig overrides); empty: one column, its title, at the config's defaults.
+    example_variants: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    #: The known biases it has under a recipe's settings (keys of the walkthroughs' worked examples:
+    #: 'std' = per-group std normalisation, 'length' = per-sequence length normalisation), or None.
+    biases: Callable[[RecipeData], tuple[str, ...]] | None = None
 
     @property
     def knob_names(self) -> tuple[str, ...]:

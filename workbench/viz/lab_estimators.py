@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from workbench.algorithms import FAMILIES
 from workbench.core import REGION_NAMES, REWARD_DTYPE, AdvantageConfig, PolicyLossConfig, compute_advantages, compute_policy_loss
 
 from .lab_aggregation import padded, token_weights
@@ -30,17 +31,16 @@ class Variant:
     overrides: dict = field(default_factory=dict)
 
 
-# Sequence-level view of all estimators (token-level ones on one-token sequences, where the
-# terminal reward is the only token reward; with gamma = 1 that is their sequence value).
-SEQUENCE_VARIANTS: tuple[Variant, ...] = (
-    Variant("GRPO", "grpo", {"scale": "group"}),
-    Variant("Dr. GRPO", "grpo", {"scale": "none"}),
-    Variant("GRPO (batch std)", "grpo", {"scale": "batch"}),
-    Variant("RLOO", "rloo"),
-    Variant("REINFORCE (batch mean)", "reinforce"),
-    Variant("REINFORCE++", "reinforce_pp"),
-    Variant("REINFORCE++ baseline", "reinforce_pp_baseline"),
-)
+def sequence_variants() -> tuple[Variant, ...]:
+    """The all-estimators table's columns, read from the advantage specs when called (a spec
+    registered later shows up): every estimator whose worked example needs nothing beside the
+    rewards (no critic values, baseline rollout or policy statistics: ``example_inputs``), under
+    each of its spec's ``example_variants`` (GRPO: group / none = Dr. GRPO / batch std), else once
+    under its title. Token-level ones run on one-token sequences, where the terminal reward is the
+    only token reward; with gamma = 1 that is their sequence value."""
+    return tuple(Variant(label, s.name, dict(overrides))
+                 for s in FAMILIES["advantage"].specs.values() if not example_inputs(s)
+                 for label, overrides in (s.example_variants or ((s.title, {}),)))
 
 
 def parse_numbers(text: str, field_name: str = "rewards") -> list[float]:
@@ -100,16 +100,17 @@ def example_inputs(spec) -> tuple[ExampleInput, ...]:
 
 
 def sequence_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6,
-                        variants: Sequence[Variant] = SEQUENCE_VARIANTS) -> pd.DataFrame:
+                        variants: Sequence[Variant] | None = None) -> pd.DataFrame:
     """Advantage of each completion (rows, grouped contiguously by ``group_size``) under every
     variant (columns), computed by ``compute_advantages`` on one-token sequences, in the dtype the
-    engine scores rewards in (REWARD_DTYPE): the numbers a run's Samples table shows."""
+    engine scores rewards in (REWARD_DTYPE): the numbers a run's Samples table shows. ``variants``:
+    the columns (default: ``sequence_variants()``)."""
     r = torch.tensor(list(rewards), dtype=REWARD_DTYPE)
     if group_size < 1 or len(r) % group_size:
         raise ValueError(f"group size={group_size} must be >= 1 and divide the number of rewards ({len(r)})")
     mask = torch.ones(len(r), 1, dtype=REWARD_DTYPE)
     columns: dict[str, list] = {"group": [i // group_size for i in range(len(r))], "reward": list(map(float, rewards))}
-    for v in variants:
+    for v in variants if variants is not None else sequence_variants():
         cfg = AdvantageConfig(group_size=group_size, eps=eps, **v.overrides)
         columns[v.label] = compute_advantages(v.estimator, r, mask, cfg).advantages[:, 0].tolist()
     return pd.DataFrame(columns)

@@ -93,7 +93,7 @@ def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
     # the format of a run's Samples table (compare page), so the same rewards read the same there
     advantage = st.column_config.NumberColumn(format="%+.3f")
     show_table(table, key=f"{w.key}_adv_table",
-                 column_config={v.label: advantage for v in viz.SEQUENCE_VARIANTS})
+                 column_config={c: advantage for c in table.columns if c not in ("group", "reward")})
     st.plotly_chart(viz.advantages_figure(table), key=f"{w.key}_adv_fig")
     # G = 1 is the recipe's to refuse (group estimators need a baseline; PPO with GAE does not)
     return [f"sampling.num_generations={int(G)}", f"algorithm.adv_eps={eps}"], True
@@ -146,11 +146,15 @@ INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_
 
 
 def preset_biases(preset: str) -> tuple[str, ...]:
-    """The known biases a preset's own settings have: 'std' (group-std advantages), 'length'
-    (seq-mean-token-mean), read from the recipe rather than listed per page."""
-    a = load_recipe(preset).algorithm
-    has = {"std": a.advantage == "grpo" and a.grpo_scale != "none", "length": a.aggregation == "seq-mean-token-mean"}
-    return tuple(b for b, on in has.items() if on)
+    """The known biases a preset's own settings have ('std': group-std advantages, 'length':
+    per-sequence length normalisation), from the specs its recipe chooses (``Spec.biases``)."""
+    data = load_recipe(preset).to_dict()
+    found: list[str] = []
+    for fam in FAMILIES.values():
+        name = fam.choose(data)
+        chosen = fam.specs.get(name) if name is not None else None
+        found += [b for b in (chosen.biases(data) if chosen is not None and chosen.biases else ()) if b not in found]
+    return tuple(found)
 
 
 def _biases(w: Walkthrough) -> None:
