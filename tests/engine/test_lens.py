@@ -294,7 +294,7 @@ def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and
     t = Trainer(recipe, tmp_path)
     t.setup()
     t.step(0)  # one update: step 1 samples with the weights before it
-    _, out, rewards, _, _ = t.sample(1)
+    _, out, rewards, *_ = t.sample(1)
     batch, (g_rewards, g_mask, g_kl, _) = t.prepare_batch(out, rewards)
     B = batch.completion_mask.shape[0]
     # every mask and weight acts on this batch

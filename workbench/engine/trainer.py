@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 import math
 import os
 import random
@@ -32,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from accelerate import Accelerator
@@ -207,6 +208,42 @@ class StepBatch:
 
     def rows(self, idx: torch.Tensor) -> "StepBatch":
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if getattr(self, f.name) is not None})
+
+
+class BehaviourForwards(NamedTuple):
+    """What the step needs from the models before the update, none of it from the rewards: the
+    behaviour policy's log-probs ``old_logp`` (B, T) (None when nothing reads them; bypass_mode:
+    the rollout engine's), ``sum_pi_squared`` (B, T) for the optimal token baselines, the
+    reference's ``ref_logp`` (B, T), the critic's ``old_values`` (B, T) and the per-token ``kl`` (B, T)."""
+
+    old_logp: torch.Tensor | None
+    sum_pi_squared: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    old_values: torch.Tensor | None
+    kl: torch.Tensor | None
+
+
+class Sample(NamedTuple):
+    """One step's sampled batch: dataset ``rows``, the rollout ``out``, ``rewards`` (B,),
+    ``per_fn`` (name -> (B,)), sampling ``metrics`` and ``alongside``: what ``Trainer.sample``'s
+    ``alongside_scoring`` returned (None when not asked)."""
+
+    rows: list
+    out: Any
+    rewards: torch.Tensor
+    per_fn: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+    alongside: Any = None
+
+
+def run_alongside(main: Callable[[], Any], worker: Callable[[], Any]) -> tuple[Any, Any]:
+    """(main(), worker()), with ``worker`` in a thread of its own while ``main`` runs on this one;
+    an exception of either is raised here (``main``'s first). Torch's kernels release the GIL, so a
+    forward in the worker and Python (or sleeping, or waiting on a server) in ``main`` overlap."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="behaviour-forwards") as pool:
+        pending = pool.submit(worker)
+        first = main()
+        return first, pending.result()
 
 
 def recipe_task(recipe: Recipe):
@@ -436,20 +473,32 @@ class Trainer:
             )
         return rows, out
 
-    def sample(self, step: int):
-        """(rows, rollout, rewards (B,), per-function rewards, metrics): one rollout, or with
-        sampling.dynamic_sampling DAPO's loop (verl filter_groups): groups whose G rewards are
-        all equal (core's exact test; zero advantage under every group estimator) are dropped
-        and new prompts sampled until every rank has prompts_per_step / world informative groups
-        or dynamic_sampling_max_rounds rounds ran; then dropped groups fill what is missing, so
-        the batch keeps its size. All ranks run the same number of rounds (the shortfall is
-        summed over ranks). Logged: dynamic_sampling/rounds, dynamic_sampling/filled_groups."""
+    def sample(self, step: int, alongside_scoring: Callable[[Any], Any] | None = None) -> Sample:
+        """One rollout scored by the reward functions, or with sampling.dynamic_sampling DAPO's
+        loop (verl filter_groups): groups whose G rewards are all equal (core's exact test; zero
+        advantage under every group estimator) are dropped and new prompts sampled until every
+        rank has prompts_per_step / world informative groups or dynamic_sampling_max_rounds rounds
+        ran; then dropped groups fill what is missing, so the batch keeps its size. All ranks run
+        the same number of rounds (the shortfall is summed over ranks). Logged:
+        dynamic_sampling/rounds, dynamic_sampling/filled_groups.
+
+        ``alongside_scoring(rollout)``: work that needs the final rollout but not its rewards (the
+        behaviour forwards). With one round it runs in a worker thread while the reward functions
+        score on this one, so a slow reward (a verifier, a remote judge) costs max(reward, forwards)
+        instead of their sum; the numbers are those of running one after the other (nothing either
+        side reads is written by the other). The rewards stay on the main thread: math-verify's
+        and other timeouts use SIGALRM, which only the main thread may set. After dynamic
+        sampling's rounds it runs after the selection, on this thread."""
         r = self.recipe
         rows, out = self.rollout(step)
         self.reward_logs = [RewardLogs(len(rows))]  # what reward functions log (log_extra / log_metric), per round
-        rewards, per_fn = self.score(rows, out, step, self.reward_logs[0])
         if not r.sampling.dynamic_sampling:
-            return rows, out, rewards, per_fn, {}
+            if alongside_scoring is None:
+                return Sample(rows, out, *self.score(rows, out, step, self.reward_logs[0]), {})
+            (rewards, per_fn), forwarded = run_alongside(lambda: self.score(rows, out, step, self.reward_logs[0]),
+                                                     lambda: alongside_scoring(out))
+            return Sample(rows, out, rewards, per_fn, {}, forwarded)
+        rewards, per_fn = self.score(rows, out, step, self.reward_logs[0])
         G, need = r.sampling.num_generations, len(rows) // r.sampling.num_generations
         parts = [(rows, out, rewards, per_fn)]
         rounds = 1
@@ -474,8 +523,9 @@ class Trainer:
         # prompts_truncated: per row it is not kept; the first round's count stands for the batch
         out = select_rows(all_out, idx, parts[0][1].prompts_truncated)
         self.reward_logs = [_select_logged_columns(self.reward_logs, idx)]
-        return ([all_rows[i] for i in idx], out, all_rewards[idx], per_fn,
-                {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filled_groups": float(filled_t)})
+        return Sample([all_rows[i] for i in idx], out, all_rewards[idx], per_fn,
+                      {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/filled_groups": float(filled_t)},
+                      alongside_scoring(out) if alongside_scoring is not None else None)
 
     def greedy_baselines(self, rows, step: int) -> torch.Tensor:
         """ReMax's baselines (B,): the reward of one greedy completion (temperature 0) of each
@@ -521,9 +571,9 @@ class Trainer:
         return total.to(self.accelerator.device), per_fn
 
     @torch.no_grad()
-    def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None):
-        """Old / reference log-probs, values, KL-in-reward, rollout-correction weights, the
-        rollout-rejection mask (folded into loss_mask) and global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
+    def behaviour_forwards(self, out) -> BehaviourForwards:
+        """The forwards of the batch before the update, which need no reward: the behaviour
+        policy's old log-probs, the reference's, the critic's values and the per-token KL."""
         r = self.recipe
         a = r.algorithm
         mask = out.completion_mask
@@ -550,6 +600,20 @@ class Trainer:
         ref_logp = logprobs_and_entropy(self.reference, out, r.sampling.temperature, False, shared_prefix=r.train.shared_prefix)[0] if self.reference is not None else None
         old_values = self.critic(out.prompt_ids, out.prompt_mask, out.completion_ids, mask) if self.critic is not None else None
         kl = kl_per_token(a.kl_estimator, old_logp, ref_logp, mask) if ref_logp is not None else None
+        return BehaviourForwards(old_logp, sum_pi_squared, ref_logp, old_values, kl)
+
+    @torch.no_grad()
+    def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None,
+                      forwards: BehaviourForwards | None = None):
+        """Old / reference log-probs, values, KL-in-reward (``forwards``: computed here when None),
+        rollout-correction weights, the rollout-rejection mask (folded into loss_mask) and
+        global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
+        r = self.recipe
+        a = r.algorithm
+        mask = out.completion_mask
+        correct, reject = a.rollout_correction != "none", a.rollout_rejection != "none"
+        policy_stats = a.advantage in POLICY_STAT_ESTIMATORS
+        old_logp, sum_pi_squared, ref_logp, old_values, kl = forwards if forwards is not None else self.behaviour_forwards(out)
 
         # advantages need the global batch (batch-level baselines, whitening): gather, compute, slice
         ranks = self.ranks
@@ -776,11 +840,15 @@ class Trainer:
         # the policy that samples this step (after `step` updates); the last line gets the final one
         evaluated = self.evaluate(step) if self.evaluator and eval_due(step, r.eval.every) and not final_step else {}
         t0 = time.perf_counter()
-        rows, out, rewards, per_fn, sampled = self.sample(step)
-        baselines = self.greedy_baselines(rows, step) if r.algorithm.advantage in BASELINE_ESTIMATORS else None
-        t_gen = time.perf_counter() - t0  # with rewards since dynamic sampling scores between rounds
+        # The behaviour forwards run while the rewards are scored, except with ReMax, whose greedy
+        # rollout comes after the sample on the same model (a LoRA reference toggles its adapters).
+        greedy = r.algorithm.advantage in BASELINE_ESTIMATORS
+        rows, out, rewards, per_fn, sampled, forwards = self.sample(step, None if greedy else self.behaviour_forwards)
+        baselines = self.greedy_baselines(rows, step) if greedy else None
+        # with the rewards (dynamic sampling scores between rounds) and the behaviour forwards they overlap
+        t_gen = time.perf_counter() - t0
         train_rewards = self.training_rewards(rewards, per_fn)
-        batch, (g_train_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, train_rewards, baselines)
+        batch, (g_train_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, train_rewards, baselines, forwards)
         g_rewards = g_train_rewards if train_rewards is rewards else ranks.gather(rewards)
         lens_due = self.lens.due(step)
         if lens_due:
