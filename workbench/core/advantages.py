@@ -39,7 +39,7 @@ from .choices import (  # noqa: F401 (no torch)
 )
 from .masked import last_valid_index, masked_sum, masked_whiten, zero_padding
 from .registry import Registry, check_choice
-from .scan import next_valid_value, pack_left, reverse_discounted_cumsum
+from .scan import next_valid_value, pack_left, reverse_discounted_cumsum, reverse_discounted_cumsum_reset
 from .shapes import ShapeError, check_2d, check_like, check_sequence_vector
 
 
@@ -215,27 +215,48 @@ def _reinforce_pp_from_sequence_rewards(r, mask, cfg: AdvantageConfig, kl) -> Ad
     return Advantages(masked_whiten(returns, mask, shift_mean=True), returns)
 
 
+def _whitened_over_kept(returns: torch.Tensor, kept: torch.Tensor) -> Advantages:
+    """Returns whitened over the kept tokens only, 0 elsewhere (verl: masked_whiten(.,
+    response_mask) * response_mask with the rejection-holed response_mask)."""
+    return Advantages(zero_padding(masked_whiten(returns, kept, shift_mean=True), kept), zero_padding(returns, kept))
+
+
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
-def reinforce_pp_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+def reinforce_pp_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, keep=None) -> Advantages:
     """REINFORCE++ (Hu 2025), token level: returns-to-go of the token rewards
     (-kl_coef kl_t, plus r_i on the last token), whitened over all valid tokens of the batch.
+
+    keep (B, T) (rollout rejection's keep-mask) reproduces verl's driver exactly: the token
+    rewards sit where the full mask puts them (the reward at the original last token, the KL on
+    every valid token: verl's reward manager and apply_kl_penalty run before rejection); the return
+    loop is verl's, ``running_return = running_return * response_mask[:, t]`` on the holed mask, so
+    a rejected token RESETS the return (the tokens before it never see the reward after it: verl's
+    behaviour, kept as is); whitening is over the kept tokens, rejected ones get 0.
     """
-    return _reinforce_pp_from_sequence_rewards(rewards, mask, cfg, kl)
+    if keep is None:
+        return _reinforce_pp_from_sequence_rewards(rewards, mask, cfg, kl)
+    kept = mask * keep
+    returns = reverse_discounted_cumsum_reset(token_level_rewards(rewards, mask, kl, cfg.kl_coef), cfg.gamma, kept)
+    return _whitened_over_kept(returns, kept)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
-def reinforce_pp_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+def reinforce_pp_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None,
+                                     keep=None) -> Advantages:
     """REINFORCE++-baseline: subtract the group-mean reward, then as ``reinforce_pp``.
 
     (verl's version whitens sequence scores that include the summed KL; with gamma = 1 and no
-    KL the two agree.)
+    KL the two agree.) keep (B, T) (rollout rejection): as verl, the score is the whole row's
+    (returns over the full mask, no reset at holes: verl sums token_level_rewards over every
+    token), broadcast and whitened over the kept tokens only; rejected tokens get 0.
     """
     centered = _centred(_groups(rewards, cfg.group_size)).reshape(-1)
-    return _reinforce_pp_from_sequence_rewards(centered, mask, cfg, kl)
+    out = _reinforce_pp_from_sequence_rewards(centered, mask, cfg, kl)
+    return out if keep is None else _whitened_over_kept(out.returns, mask * keep)
 
 
 @ADVANTAGE_ESTIMATORS.register("gae")
-def gae_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+def gae_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, keep=None) -> Advantages:
     """GAE (Schulman et al. 2016) for PPO, per token:
 
         delta_t = r_t + gamma V_{t+1} - V_t        (V after the last valid token = 0)
@@ -243,14 +264,22 @@ def gae_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None)
         returns = A + V                             (the critic's targets)
 
     r_t = -kl_coef kl_t, plus the scalar reward on the last valid token.
+
+    keep (B, T) (rollout rejection) reproduces verl's ``compute_gae_advantage_return`` on the
+    holed response_mask: the token rewards sit where the full mask puts them, then a rejected
+    token is SKIPPED (``nextvalues`` and ``lastgaelam`` carried over it), so its own delta -
+    the outcome reward too if it was the last token - is dropped and V_{t+1} is the value at the
+    next kept token. Rejected tokens get advantage and return 0 here (verl leaves the carried
+    value there; they are out of every loss either way).
     """
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values (B, T) from a critic")
     token_rewards = token_level_rewards(rewards, mask, kl, cfg.kl_coef)
-    v = zero_padding(values.to(token_rewards.dtype), mask)
-    delta = token_rewards + cfg.gamma * next_valid_value(v, mask) - v
-    adv = reverse_discounted_cumsum(delta, cfg.gamma * cfg.lam, mask)
-    returns = zero_padding(adv + v, mask)
+    kept = mask if keep is None else mask * keep
+    v = zero_padding(values.to(token_rewards.dtype), kept)
+    delta = token_rewards + cfg.gamma * next_valid_value(v, kept) - v
+    adv = reverse_discounted_cumsum(delta, cfg.gamma * cfg.lam, kept)
+    returns = zero_padding(adv + v, kept)
     return Advantages(adv, returns)
 
 
@@ -503,6 +532,11 @@ def combine_rewards(per_func: torch.Tensor, weights: torch.Tensor | None = None,
 # ---------------------------------------------------------------------------------------------
 
 
+#: estimators whose token-level returns / whitening change when rollout rejection holes the mask
+#: (compute_advantages passes them ``keep``); see each one's docstring for verl's behaviour.
+KEEP_AWARE_ESTIMATORS = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+
+
 def compute_advantages(
     estimator: str,
     rewards: torch.Tensor,
@@ -515,11 +549,19 @@ def compute_advantages(
     old_logp: torch.Tensor | None = None,
     sum_pi_squared: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
 ) -> Advantages:
     """Validate inputs, run the registered estimator, optionally whiten. See module docstring.
 
     baselines (B,) go to BASELINE_ESTIMATORS only; old_logp, sum_pi_squared and is_weights (B, T)
-    to POLICY_STAT_ESTIMATORS only (others ignore them)."""
+    to POLICY_STAT_ESTIMATORS only (others ignore them).
+
+    keep (B, T) 0/1: rollout rejection's keep-mask, applied as verl's driver does (rejection
+    multiplies response_mask AFTER the reward and the in-reward KL are placed on the full mask,
+    BEFORE compute_advantage). KEEP_AWARE_ESTIMATORS (token-level returns / whitening) take it;
+    every other estimator runs on the full mask and its rejected tokens get advantage 0 (verl
+    broadcasts their sequence scores with ``* response_mask``); ``cfg.whiten`` whitens over the
+    kept tokens. keep=None is today's path, bit for bit."""
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
     B, _ = check_2d("mask", mask)
     check_sequence_vector("rewards", rewards, B)
@@ -542,7 +584,13 @@ def compute_advantages(
     if cfg.kl_coef != 0.0 and kl is None:
         raise ValueError(f"kl_coef={cfg.kl_coef} puts the KL in the reward, so kl (B, T) is required")
     rewards = rewards.to(torch.promote_types(rewards.dtype, REWARD_DTYPE))
+    check_like("mask", mask, keep=keep)
+    kept = mask if keep is None else mask * keep.to(mask.dtype)
+    if keep is not None and estimator in KEEP_AWARE_ESTIMATORS:
+        extra["keep"] = keep.to(mask.dtype)
     out = fn(rewards, mask, cfg, kl=kl, values=values, **extra)
+    if keep is not None and estimator not in KEEP_AWARE_ESTIMATORS:
+        out = Advantages(zero_padding(out.advantages, kept), out.returns)
     if cfg.whiten:
-        out = Advantages(masked_whiten(out.advantages, mask, shift_mean=True), out.returns)
+        out = Advantages(masked_whiten(out.advantages, kept, shift_mean=True), out.returns)
     return out

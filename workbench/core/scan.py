@@ -69,3 +69,20 @@ def next_valid_value(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     order = pack_left(mask)
     packed = (values * m).gather(1, order)  # valid values first, then zeros
     return zeros.scatter(1, order, torch.cat([packed[:, 1:], zeros[:, :1]], dim=1))
+
+
+def reverse_discounted_cumsum_reset(x: torch.Tensor, discount: float, keep: torch.Tensor) -> torch.Tensor:
+    """verl's REINFORCE++ return loop, holes included: G_t = x_t + discount * G_{t+1}, then the
+    running return is multiplied by keep_t, so a hole (keep_t = 0) resets it and the tokens
+    before a hole never see the rewards after it. x, keep: (B, T) -> (B, T), G_t kept on holes.
+
+    Why a loop: this reproduces ``compute_reinforce_plus_plus_outcome_advantage`` exactly; only
+    the rollout-rejection path (a holed mask) takes it, the prefix-mask path stays the scan."""
+    out = torch.zeros_like(x)
+    running = torch.zeros_like(x[:, 0])
+    k = keep.to(x.dtype)
+    for t in reversed(range(x.shape[1])):
+        running = x[:, t] + discount * running
+        out[:, t] = running
+        running = running * k[:, t]
+    return out

@@ -630,8 +630,10 @@ class Trainer:
         if policy_stats:  # verl weighs the paths by rho^2 too when the rollout is corrected
             stats = dict(old_logp=ranks.gather(old_logp), sum_pi_squared=ranks.gather(sum_pi_squared),
                          is_weights=g_is_weights)
+        # rejection holes the mask AFTER the reward and the in-reward KL sit on the full mask and BEFORE
+        # the advantages, as verl's driver (apply_kl_penalty -> rollout correction -> compute_advantage)
         adv = compute_advantages(a.advantage, g_rewards, g_mask, self.advantage_config(), kl=g_kl, values=g_values,
-                                 baselines=g_baselines, **stats)
+                                 baselines=g_baselines, keep=g_keep, **stats)
         if self.teacher is not None:
             adv = adv._replace(advantages=self.distill(out, old_logp, g_mask, adv.advantages))  # returns (critic targets) stay
         loss_mask = truncation_mask(mask, out.truncated) if a.mask_truncated else mask
