@@ -1,0 +1,38 @@
+"""A reinforce_pp run with token-level rollout rejection whitens over the kept tokens only, as
+verl's driver (rejection holes response_mask before compute_advantage): the built-in tiny model's
+step-0 batch with a hole punched at token 1 of every completion."""
+
+import math
+
+import pytest
+import torch
+
+from workbench.engine.trainer import Trainer
+from workbench.recipe import load_recipe
+
+
+def test_reinforce_pp_with_token_rejection_whitens_over_kept_tokens(wb_home, few_problems, tmp_path):
+    """Rollout log-probs raised by 0.1 on every token and by 0.5 on token 1: token_k1 with max
+    e^0.25 rejects token 1 only (+ float noise ~1e-6 between generation and the trainer's forward)."""
+    recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0",
+                                  "algorithm.rollout_rejection=token_k1", f"algorithm.rollout_rejection_max={math.exp(0.25)}",
+                                  "train.threads=1"])
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    _, out = t.rollout(0)
+    mask = out.completion_mask
+    position = torch.arange(mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
+    out.rollout_logp = out.rollout_logp + torch.where(position == 1, 0.5, 0.1) * mask
+    rewards = torch.linspace(0.0, 1.0, mask.shape[0])
+    batch, _ = t.prepare_batch(out, rewards)
+    kept = (mask * (position != 1)).bool()
+    assert (mask.bool() & ~kept).any(), "the batch needs completions longer than 1 token"
+    torch.testing.assert_close(batch.loss_mask, kept.to(batch.loss_mask.dtype))
+    a = batch.advantages.double()
+    assert a[kept].mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert a[kept].std().item() == pytest.approx(1.0, abs=1e-4)  # masked_whiten: unbiased variance, as verl
+    assert torch.all(a[~kept] == 0)
+    # the return resets at the hole (verl): token 0 sees only its own reward, which is 0 under no KL,
+    # so every kept token 0 carries the same advantage (-mean / std)
+    first = a[:, 0][mask[:, 1].bool()]  # rows of 2+ tokens: their reward sits at or after the hole
+    torch.testing.assert_close(first, torch.full_like(first, first[0].item()))
