@@ -45,3 +45,24 @@ def test_unknown_revoked_and_expired_tokens_say_why():
     assert "revoked" in tokens.unusable_reason(_record(revoked_at=5.0), 10.0)
     assert "expired" in tokens.unusable_reason(_record(), 100.0)
     assert tokens.unusable_reason(_record(), 99.0) is None
+
+
+def test_the_store_keeps_only_the_hash_and_revokes_once(store_location):
+    """On real SQLite and the real PostgreSQL fixture: the secret is nowhere in the table's rows."""
+    import sqlalchemy as sa
+    from workbench.runs.schema import api_tokens
+    from workbench.runs.store import RunStore
+
+    store = RunStore(store_location)
+    secret = tokens.new_secret()
+    record = _record(id=tokens.new_token_id(), secret_sha256=tokens.secret_hash(secret), expires_at=1e12)
+    store.add_token(record)
+    with store._read() as conn:
+        rows = [tuple(map(str, row)) for row in conn.execute(sa.select(api_tokens))]
+    assert rows and not any(secret in cell for row in rows for cell in row)
+    assert store.token_by_hash(tokens.secret_hash(secret)) == record
+    assert store.token_by_hash(tokens.secret_hash(tokens.new_secret())) is None
+    assert store.set_token_time(record.id, "revoked_at", 5.0)
+    assert not store.set_token_time(record.id, "revoked_at", 6.0)  # revoking twice changes nothing
+    assert "revoked" in tokens.unusable_reason(store.token_by_hash(record.secret_sha256), 7.0)
+    assert [t.id for t in store.tokens()] == [record.id]
