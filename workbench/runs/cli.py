@@ -430,8 +430,9 @@ def _cmd_tokens(args) -> None:
     elif args.action == "list":
         def when(at):
             return "-" if at is None else f"{dt.datetime.fromtimestamp(at, dt.timezone.utc):%Y-%m-%d %H:%M}"
+        listed = list_tokens(principal)  # authorised before anything is printed
         print("id\tuser\trole\tlabel\tcreated_by\tcreated\texpires\tlast_used\trevoked")
-        for t in list_tokens(principal):
+        for t in listed:
             print("\t".join([t.id, t.user_name, t.role, t.label, t.created_by, when(t.created_at),
                              when(t.expires_at), when(t.last_used_at), when(t.revoked_at)]))
     else:
