@@ -11,6 +11,8 @@ import sys
 
 import sqlalchemy as sa
 
+from tests.runs.test_arms import full_queue  # noqa: F401  (a home whose CPU slot is held: launches queue)
+
 
 def _cli(home, *args, token=None):
     env = {**os.environ, "WORKBENCH_HOME": str(home)}
@@ -57,3 +59,24 @@ def test_create_use_revoke_and_refuse_through_the_cli(tmp_path):
         actions = [row[0] for row in conn.execute(sa.text("SELECT action FROM audit ORDER BY id"))]
     engine.dispose()
     assert actions.count("token_create") == 1 and "token_revoke" in actions and "token_refused" in actions
+
+
+def test_a_members_token_cancels_their_own_app_launched_run_and_not_anothers(full_queue):
+    """The token's user is the owner the app records for an OIDC sign-in (the verified email), so a
+    run launched from the app is the token holder's; someone else's stays untouched."""
+    from tests.runs.test_authz import _seed
+
+    store = full_queue  # its home's only CPU slot is held: queued runs stay queued, nothing trains
+    tmp_path = store.path.parent
+    made = _cli(tmp_path, "tokens", "create", "--user", "ada@example.org", "--role", "member")
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.split("WORKBENCH_TOKEN=", 1)[1].split()[0]
+    _seed(store, tmp_path, "adas", "queued", owner="ada@example.org")
+    _seed(store, tmp_path, "bobs", "queued", owner="bob@example.org")
+
+    theirs = _cli(tmp_path, "runs", "cancel", "bobs", token=secret)
+    assert theirs.returncode == 2 and "permission denied" in theirs.stderr
+    assert store.get_run("bobs").status == "queued"
+    own = _cli(tmp_path, "runs", "cancel", "adas", token=secret)
+    assert own.returncode == 0, own.stderr
+    assert store.get_run("adas").status == "cancelled"
