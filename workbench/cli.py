@@ -223,6 +223,17 @@ def _quiet_closed_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+STORE_COMMANDS = frozenset({"launch", "runs", "compare", "collect", "import", "db", "tokens", "report", "export"})
+
+
+def _check_token(command: str) -> None:
+    """With WORKBENCH_TOKEN set, a command that reads or writes the run store first resolves it
+    (workbench.runs.apitokens): an unknown, revoked or expired token stops it before anything is done."""
+    if command in STORE_COMMANDS and os.environ.get("WORKBENCH_TOKEN", "").strip():
+        from workbench.runs.roles import cli_principal
+        cli_principal()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Bad input is one line ``error: ...`` and exit 2, never a traceback."""
     parser = build_parser()
@@ -230,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "recipes" and args.action == "show" and not args.name:
         parser.error("recipes show needs a preset NAME")
     try:
+        _check_token(args.command)
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return code

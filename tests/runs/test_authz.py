@@ -56,7 +56,7 @@ RUN_ACTIONS = {
 
 def test_every_action_has_a_rule_and_every_run_action_is_tested():
     # audit: reading the log (test_audit.py); database: `db upgrade` / `db copy` of a server database (test_db_commands.py)
-    assert set(ACTIONS) == {"launch", "settings", "audit", "database", *RUN_ACTIONS}
+    assert set(ACTIONS) == {"launch", "settings", "audit", "database", "tokens", *RUN_ACTIONS}
     assert {a for a, rule in RULES.items() if rule.own_run} == set(RUN_ACTIONS)
 
 

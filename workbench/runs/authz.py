@@ -33,6 +33,7 @@ from workbench.runs.records import Run, RunError
 ROLES = ("viewer", "member", "admin")  # lowest first: a role may do what the roles before it may
 LOCAL_AUTH = "local OS user"
 PASSWORD_AUTH = "shared password"
+TOKEN_AUTH = "API token"  # WORKBENCH_TOKEN, issued by an admin (workbench.runs.apitokens)
 OIDC_AUTH = "OpenID Connect"  # verified by the team's identity provider (workbench.runs.roles)
 # How names are established that are claims, not identities: their owner key carries a suffix with
 # a space, which no checked user name can contain.
@@ -125,6 +126,7 @@ RULES: dict[str, Rule] = {
     "edit": Rule("member", own_run=True),  # name, tags, notes
     "settings": Rule("admin"),
     "audit": Rule("admin"),  # read the audit log
+    "tokens": Rule("admin"),  # create, list or revoke API tokens (`python -m workbench tokens`)
     "database": Rule("admin"),  # upgrade or copy a server database (`python -m workbench db`, runs/dbtools.py)
 }
 ACTIONS = tuple(RULES)

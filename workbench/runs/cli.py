@@ -9,7 +9,8 @@
     import PATH [--format F] [--config FILE] [--group G] [--arm A] [--seed S] [--name N] [--tag T] [--notes TEXT]
     db status [--url URL] | db upgrade [--url URL] | db copy --from URL --to URL [--batch N]
 
-Who acts: the CLI acts as the local OS user (the passwd name of its uid; ``workbench.runs.roles.cli_principal``).
+Who acts: the CLI acts as the local OS user (the passwd name of its uid; ``workbench.runs.roles.cli_principal``),
+or, when WORKBENCH_TOKEN is set, as that API token's user and role (``tokens create`` issues one).
 On the local store file of the workbench home it is an admin: that user can read and write the
 file directly, so a lesser role would protect nothing. On a server database (``WORKBENCH_DB`` a
 non-sqlite URL) the store is shared: the CLI's role is the settings' ``roles.cli_roles`` entry
@@ -409,6 +410,38 @@ _RUN_ACTIONS = {"show": _show_run, "logs": lambda store, run, args: _print_logs(
                 "cancel": _cancel_run, "resume": _resume_run, "delete": _delete_run}
 
 
+def _cmd_tokens(args) -> None:
+    """`tokens create|list|revoke`: API tokens for WORKBENCH_TOKEN (admins; workbench.runs.apitokens).
+    create prints the secret once; list never shows it."""
+    import datetime as dt
+
+    from workbench.runs.apitokens import create_token, list_tokens, revoke_token
+    from workbench.runs.roles import cli_principal
+    from workbench.runs.tokens import TokenError
+    principal = cli_principal()
+    if args.action == "create":
+        if not args.user:
+            raise TokenError("tokens create needs --user NAME (the verified name the app records as owner)")
+        secret, record = create_token(principal, user=args.user, role=args.role, days=args.days, label=args.label)
+        print(f"token {record.id} for {record.user_name} as {record.role}, expires "
+              f"{dt.datetime.fromtimestamp(record.expires_at, dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+        print(f"WORKBENCH_TOKEN={secret}")
+        print("(shown once: it is not stored, only its hash)")
+    elif args.action == "list":
+        def when(at):
+            return "-" if at is None else f"{dt.datetime.fromtimestamp(at, dt.timezone.utc):%Y-%m-%d %H:%M}"
+        listed = list_tokens(principal)  # authorised before anything is printed
+        print("id\tuser\trole\tlabel\tcreated_by\tcreated\texpires\tlast_used\trevoked")
+        for t in listed:
+            print("\t".join([t.id, t.user_name, t.role, t.label, t.created_by, when(t.created_at),
+                             when(t.expires_at), when(t.last_used_at), when(t.revoked_at)]))
+    else:
+        if not args.id:
+            raise TokenError("tokens revoke needs the token ID (see: python -m workbench tokens list)")
+        revoke_token(principal, args.id)
+        print(f"token {args.id} revoked")
+
+
 def add_run_parsers(sub) -> None:
     """Register ``launch``, ``runs`` and ``collect`` on the top-level subparsers."""
     p = sub.add_parser("launch", help="start runs detached (they outlive this command), recorded in the run store")
@@ -469,3 +502,12 @@ def add_run_parsers(sub) -> None:
     d.add_argument("--to", dest="target", help="copy: the EMPTY store to write (a new file or database)")
     d.add_argument("--batch", type=int, default=DEFAULT_COPY_BATCH, metavar="N", help="copy: rows per batch (1-1000000)")
     d.set_defaults(func=_cmd_db)
+    t = sub.add_parser("tokens", help="API tokens (admins): create prints a secret once for WORKBENCH_TOKEN, "
+                       "which makes the CLI act as that user and role on any store; list; revoke ID")
+    t.add_argument("action", choices=["create", "list", "revoke"])
+    t.add_argument("id", nargs="?", help="revoke: the token's id (from tokens list)")
+    t.add_argument("--user", help="create: the name it acts for (as the app records it: verified email or subject)")
+    t.add_argument("--role", default="member", choices=["viewer", "member", "admin"])
+    t.add_argument("--days", type=int, default=30, help="create: days until it expires (1-365)")
+    t.add_argument("--label", default="", help="create: what it is for, e.g. laptop")
+    t.set_defaults(func=_cmd_tokens)

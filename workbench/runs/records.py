@@ -28,7 +28,8 @@ class RunError(ValueError):
 
 AUDIT_ACTIONS = ("launch", "cancel", "resume", "delete", "edit", "settings",
                  "sign_in", "sign_in_refused", "sign_out", "import",
-                 "db_upgrade", "db_copy")  # db_*: `python -m workbench db upgrade / copy` (workbench.runs.dbtools)
+                 "db_upgrade", "db_copy",
+                 "token_create", "token_revoke", "token_refused")  # db_*: `python -m workbench db upgrade / copy` (workbench.runs.dbtools)
 MAX_AUDIT_DETAIL = 1000  # characters of an entry's detail (longer is cut)
 
 

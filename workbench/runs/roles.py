@@ -9,7 +9,9 @@ module only says *who* is a viewer, a member or an admin:
   file directly, so a lesser role would protect nothing). On a server database
   (``WORKBENCH_DB`` set to a URL whose scheme is not sqlite, e.g. ``postgresql://...``) the store
   is shared, so the CLI takes its role from ``roles.cli_roles`` (OS user name -> role), member for
-  an unlisted user: the same rules as the app for the same store.
+  an unlisted user: the same rules as the app for the same store;
+- the CLI with ``WORKBENCH_TOKEN`` set (any store): the token's user and role
+  (``workbench.runs.apitokens``); an unknown, revoked or expired token is refused (TokenError).
 
 Emails are trusted only when the provider marks them ``email_verified`` (or the settings say
 ``trust_unverified_email``): an unverified address is whatever the account holder typed, and a
@@ -137,6 +139,9 @@ def cli_principal(env: Mapping[str, str] | None = None, home: Path | None = None
     process's environment) points at. Reads the settings only for a server database (a broken
     settings file then raises ``SettingsError``, naming the field)."""
     env = os.environ if env is None else env
+    if env.get("WORKBENCH_TOKEN", "").strip():
+        from workbench.runs.apitokens import token_principal  # the store only when a token is given
+        return token_principal(env["WORKBENCH_TOKEN"])
     user = local_user_name()
     server = is_server_store(env.get(SERVER_STORE_ENV))
     settings = load_settings(home) if server else Settings()

@@ -87,3 +87,17 @@ audit = sa.Table(
     sa.Column("address", sa.Text, nullable=False, server_default=""),
     sa.Index("audit_at", "at"),
 )
+
+api_tokens = sa.Table(
+    "api_tokens", metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("secret_sha256", sa.Text, nullable=False, unique=True),
+    sa.Column("user_name", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("label", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_by", sa.Text, nullable=False),
+    sa.Column("created_at", FLOAT, nullable=False),
+    sa.Column("expires_at", FLOAT, nullable=False),
+    sa.Column("last_used_at", FLOAT, nullable=True),
+    sa.Column("revoked_at", FLOAT, nullable=True),
+)

@@ -41,6 +41,7 @@ compare-and-set is one UPDATE whose WHERE is re-checked on the row after a concu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -63,7 +64,7 @@ from workbench.runs.database import (DB_ENV, STORE_FILE, WRITE, StoreError, disp
 from workbench.runs.ingest import INT64_MAX, INT64_MIN, Event, Ignored, Rejected, check_event, is_int, is_number
 from workbench.runs.records import (ACTIVE_STATUSES, AUDIT_ACTIONS, MAX_AUDIT_DETAIL, RESUMABLE_STATUSES, RUN_FIELDS,
                                     STATUSES, TERMINAL_STATUSES, AuditEntry, NewRun, Run, RunError)
-from workbench.runs.schema import UNIQUE_SEED_INDEX, audit, payloads, runs as runs_table
+from workbench.runs.schema import UNIQUE_SEED_INDEX, api_tokens, audit, payloads, runs as runs_table
 
 __all__ = ["ACTIVE_STATUSES", "INT64_MAX", "INT64_MIN", "RESUMABLE_STATUSES", "STATUSES", "TERMINAL_STATUSES", "NewRun", "Run",
            "RunError", "RunStore", "StoreError", "default_store"]
@@ -458,6 +459,36 @@ class RunStore:
             if warning:
                 _add_warning(conn, run_id, warning)
         return new
+
+    # -- API tokens (workbench.runs.tokens; only a SHA-256 of each secret is stored) ---------------
+    def add_token(self, record: "TokenRecord") -> None:
+        """Insert one token row (the caller made the id and the hash; the secret never comes here)."""
+        with self._write() as conn:
+            conn.execute(sa.insert(api_tokens).values(**dataclasses.asdict(record)))
+
+    def tokens(self) -> list["TokenRecord"]:
+        """Every token, newest first (hashes included; callers never show them)."""
+        from workbench.runs.tokens import TokenRecord
+        with self._read() as conn:
+            rows = conn.execute(sa.select(api_tokens).order_by(api_tokens.c.created_at.desc())).mappings()
+            return [TokenRecord(**row) for row in rows]
+
+    def token_by_hash(self, secret_sha256: str) -> "TokenRecord | None":
+        """The token whose secret hashes to ``secret_sha256``, or None."""
+        from workbench.runs.tokens import TokenRecord
+        with self._read() as conn:
+            row = conn.execute(sa.select(api_tokens).where(api_tokens.c.secret_sha256 == secret_sha256)).mappings().first()
+        return None if row is None else TokenRecord(**row)
+
+    def set_token_time(self, token_id: str, column: str, at: float) -> bool:
+        """Set ``last_used_at`` or ``revoked_at`` (revoking only an unrevoked token); True when a row changed."""
+        if column not in ("last_used_at", "revoked_at"):
+            raise ValueError(f"column={column!r} is not allowed; one of: last_used_at, revoked_at")
+        query = sa.update(api_tokens).where(api_tokens.c.id == token_id).values({column: float(at)})
+        if column == "revoked_at":
+            query = query.where(api_tokens.c.revoked_at.is_(None))
+        with self._write() as conn:
+            return conn.execute(query).rowcount == 1
 
     # -- the audit log -------------------------------------------------------------------------
     def record_audit(self, entry: AuditEntry) -> None:
