@@ -22,6 +22,8 @@ estimators put -kl_coef * kl_t on every token (see ``kl.py``).
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -532,9 +534,12 @@ def combine_rewards(per_func: torch.Tensor, weights: torch.Tensor | None = None,
 # ---------------------------------------------------------------------------------------------
 
 
-#: estimators whose token-level returns / whitening change when rollout rejection holes the mask
-#: (compute_advantages passes them ``keep``); see each one's docstring for verl's behaviour.
-KEEP_AWARE_ESTIMATORS = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+def reads_keep(fn) -> bool:
+    """Whether a registered estimator takes rollout rejection's ``keep`` mask itself (its
+    token-level returns / whitening change when rejection holes the mask: reinforce_pp,
+    reinforce_pp_baseline, gae; see each one's docstring for verl's behaviour): read from its
+    signature, so a later estimator opts in by taking ``keep``."""
+    return "keep" in inspect.signature(fn).parameters
 
 
 def compute_advantages(
@@ -558,7 +563,7 @@ def compute_advantages(
 
     keep (B, T) 0/1: rollout rejection's keep-mask, applied as verl's driver does (rejection
     multiplies response_mask AFTER the reward and the in-reward KL are placed on the full mask,
-    BEFORE compute_advantage). KEEP_AWARE_ESTIMATORS (token-level returns / whitening) take it;
+    BEFORE compute_advantage). Estimators that take ``keep`` (``reads_keep``: token-level returns / whitening) get it;
     every other estimator runs on the full mask and its rejected tokens get advantage 0 (verl
     broadcasts their sequence scores with ``* response_mask``); ``cfg.whiten`` whitens over the
     kept tokens. keep=None is today's path, bit for bit."""
@@ -586,10 +591,10 @@ def compute_advantages(
     rewards = rewards.to(torch.promote_types(rewards.dtype, REWARD_DTYPE))
     check_like("mask", mask, keep=keep)
     kept = mask if keep is None else mask * keep.to(mask.dtype)
-    if keep is not None and estimator in KEEP_AWARE_ESTIMATORS:
+    if keep is not None and reads_keep(fn):
         extra["keep"] = keep.to(mask.dtype)
     out = fn(rewards, mask, cfg, kl=kl, values=values, **extra)
-    if keep is not None and estimator not in KEEP_AWARE_ESTIMATORS:
+    if keep is not None and not reads_keep(fn):
         out = Advantages(zero_padding(out.advantages, kept), out.returns)
     if cfg.whiten:
         out = Advantages(masked_whiten(out.advantages, kept, shift_mean=True), out.returns)
