@@ -309,14 +309,38 @@ def _epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
 # the run
 
 
+class _StepRecord:
+    """While a step's record is written (its metrics event, samples, diagnostics, lens and the
+    trackers' log), a cancel or interrupt waits until the record is whole: a SIGTERM between the
+    metrics event and the tracker's log left MLflow one step short of the run's own metrics."""
+
+    writing = False
+    pending: BaseException | None = None
+
+    @classmethod
+    @contextmanager
+    def whole(cls) -> Iterator[None]:
+        cls.writing, cls.pending = True, None
+        try:
+            yield
+        finally:
+            cls.writing = False
+        if cls.pending is not None:  # reached only when the record was written: raise what arrived
+            pending, cls.pending = cls.pending, None
+            raise pending
+
+
 @contextmanager
 def _signals_cancel() -> Iterator[None]:
     term_interrupts = os.environ.get(SIGTERM_ENV, "cancel") == "interrupt"
 
     def handler(signum, frame):
-        if signum == signal.SIGTERM and term_interrupts:
-            raise Interrupted("received SIGTERM")
-        raise Cancelled(f"received {signal.Signals(signum).name}")
+        stop = (Interrupted("received SIGTERM") if signum == signal.SIGTERM and term_interrupts
+                else Cancelled(f"received {signal.Signals(signum).name}"))
+        if _StepRecord.writing:
+            _StepRecord.pending = _StepRecord.pending or stop
+            return
+        raise stop
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -885,13 +909,14 @@ class Trainer:
             tokens_seen=self.state.tokens_seen, num_tokens_seen=self.state.num_tokens_seen, prompts_truncated=prompts_truncated,
             evaluated=evaluated, step=step)
 
-        self.events.emit("metrics", step, metrics=metrics)
-        self._emit_samples(step, rows, out, rewards, batch.advantages)
-        self._emit_diagnostics(step, batch, last)
-        if lens is not None:
-            self.events.emit("lens", step, **lens)
-        if r.logging.log_with:
-            acc.log(tracker_metrics(metrics), step=step)
+        with _StepRecord.whole():  # the event file and the trackers hold the same steps
+            self.events.emit("metrics", step, metrics=metrics)
+            self._emit_samples(step, rows, out, rewards, batch.advantages)
+            self._emit_diagnostics(step, batch, last)
+            if lens is not None:
+                self.events.emit("lens", step, **lens)
+            if r.logging.log_with:
+                acc.log(tracker_metrics(metrics), step=step)
         return metrics
 
     def _sampling_metrics(self, trainer_logp: torch.Tensor, out) -> dict[str, float]:
