@@ -150,3 +150,62 @@ def test_equals_verl(seed):
     ours = compute_advantages("reinforce_pp", rewards, mask, cfg, kl=kl, keep=keep)
     theirs, _ = verl_reinforce_pp(tlr, kept, 0.9)
     assert torch.allclose(ours.advantages, theirs, atol=1e-10)
+
+
+def verl_opo(token_level_rewards, response_mask, index):
+    # core_algos.compute_opo_outcome_advantage (b178a3c; the same in 0.9.1's transcription in test_zoo)
+    response_length = response_mask.sum(dim=-1)
+    scores = token_level_rewards.sum(dim=-1)
+    by_score, by_len = {}, {}
+    for i in range(scores.shape[0]):
+        by_score.setdefault(index[i], []).append(scores[i])
+        by_len.setdefault(index[i], []).append(response_length[i])
+    baseline = {k: (torch.stack(by_len[k]) * torch.stack(v)).sum() / torch.stack(by_len[k]).sum() for k, v in by_score.items()}
+    scores = torch.stack([scores[i] - baseline[index[i]] for i in range(scores.shape[0])])
+    return scores.unsqueeze(-1) * response_mask
+
+
+def random_holed_groups(seed, N=3, G=4, T=9):
+    """Groups of G with right padding, token holes, one rejected row in group 0 and a rejected last
+    token (whose reward, for the token-level estimators, then reaches no token), never a whole group
+    rejected (verl's OPO divides 0 by 0 there)."""
+    from workbench.core import sum_pi_squared_from_logits
+
+    g = torch.Generator().manual_seed(100 + seed)
+    B = N * G
+    rewards = torch.randint(0, 3, (B,), generator=g).double() + torch.rand(B, generator=g, dtype=T64)
+    lengths = torch.randint(2, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).to(T64)
+    keep = (torch.rand(B, T, generator=g) > 0.25).to(T64)
+    keep[:, 0] = 1
+    keep[1] = 0
+    keep[5, lengths[5] - 1] = 0
+    logits = torch.randn(B, T, 11, generator=g, dtype=T64) * 2
+    old_logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.randint(0, 11, (B, T), generator=g)[..., None]).squeeze(-1)
+    return rewards, mask, keep, old_logp, sum_pi_squared_from_logits(logits), G
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_opo_and_the_optimal_token_baselines_read_the_holed_mask_as_verl(seed):
+    """verl's driver gives OPO and the optimal token baselines response_mask * keep: OPO weighs each
+    score by its kept length, the token baselines accumulate path variance and returns over kept
+    tokens only (verl 0.9.1's functions transcribed in tests/core/test_missing_advantages.py)."""
+    import numpy as np
+
+    from tests.core.test_missing_advantages import VERL
+
+    rewards, mask, keep, old_logp, spp, G = random_holed_groups(seed)
+    kept, index = mask * keep, np.repeat(np.arange(len(rewards) // G), G)
+    tlr = token_level_rewards(rewards, mask)  # the score on the full mask's last token
+    ours = compute_advantages("opo", rewards, mask, AdvantageConfig(group_size=G), keep=keep)
+    torch.testing.assert_close(ours.advantages, verl_opo(tlr, kept, index), rtol=0, atol=1e-12)
+    assert torch.all(ours.advantages[1] == 0)  # the rejected row
+    for name, verl_fn in VERL.items():
+        ours = compute_advantages(name, rewards, mask, AdvantageConfig(group_size=G), old_logp=old_logp,
+                                  sum_pi_squared=spp, keep=keep)
+        want_adv, want_ret = verl_fn(tlr, kept, index, old_logp, spp)
+        torch.testing.assert_close(ours.advantages, want_adv, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(ours.returns, want_ret * kept, rtol=1e-12, atol=1e-12)
+    # and the holes matter: the full-mask OPO differs from the holed one
+    plain = compute_advantages("opo", rewards, mask, AdvantageConfig(group_size=G)).advantages * kept
+    assert not torch.allclose(plain, verl_opo(tlr, kept, index))

@@ -303,7 +303,7 @@ def remax_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=Non
 
 
 @ADVANTAGE_ESTIMATORS.register("opo")
-def opo_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None) -> Advantages:
+def opo_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, keep=None) -> Advantages:
     """OPO, the length-weighted optimal baseline (Hao et al. 2025, arXiv 2505.23585; verl ``opo``):
 
         b_g = sum_{j in g} n_j r_j / sum_{j in g} n_j,     A_i = r_i - b_g        (n_j = valid tokens)
@@ -311,12 +311,17 @@ def opo_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None)
     the variance-minimising baseline when every token of a completion carries its reward. A
     group of one gets b = r, i.e. A = 0, as every group estimator here (verl special-cases it to
     b = 0, A = r). All-equal groups get exactly 0.
+
+    keep (B, T) (rollout rejection), as verl's driver: r_j is the whole row's score (full mask), n_j
+    counts the kept tokens only (a rejected row weighs 0), and A sits on the kept tokens. A group
+    with no kept token gets 0 (verl: 0 / 0 = NaN there).
     """
+    kept = mask if keep is None else mask * keep
     r = kl_shaped_sequence_rewards(rewards, mask, kl, cfg.kl_coef)
     grouped = _groups(r, cfg.group_size)
-    lengths = _groups(mask.sum(dim=1).to(r.dtype), cfg.group_size)
+    lengths = _groups(kept.sum(dim=1).to(r.dtype), cfg.group_size)
     baseline = (lengths * grouped).sum(dim=1, keepdim=True) / lengths.sum(dim=1, keepdim=True).clamp(min=1)
-    return _broadcast(_zero_equal_groups(grouped - baseline, grouped).reshape(-1), mask)
+    return _broadcast(_zero_equal_groups(grouped - baseline, grouped).reshape(-1), kept)
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo_passk")
@@ -435,17 +440,23 @@ def _otb_group_baselines(returns, w_cum, mask, group_size: int, zero_tail: bool 
     return b.reshape(B, T)
 
 
-def _otb_returns(rewards, mask, cfg: AdvantageConfig, kl) -> torch.Tensor:
-    """G_t = sum_{t' >= t} r_t' over the row (verl's flip-cumsum-flip of the masked token rewards)."""
-    token_rewards = token_level_rewards(rewards, mask, kl, cfg.kl_coef) * mask.to(rewards.dtype)
+def _otb_returns(rewards, mask, cfg: AdvantageConfig, kl, kept) -> torch.Tensor:
+    """G_t = sum_{t' >= t} r_t' kept_t' over the row (verl's flip-cumsum-flip of the masked token
+    rewards). The token rewards sit on the full ``mask``; ``kept`` is mask (or, under rollout
+    rejection, mask * keep: a rejected last token's reward then reaches no token, as in verl)."""
+    token_rewards = token_level_rewards(rewards, mask, kl, cfg.kl_coef) * kept.to(rewards.dtype)
     return token_rewards.flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
 
 
 def _optimal_token_baseline(rewards, mask, cfg: AdvantageConfig, kl, old_logp, sum_pi_squared, is_weights,
-                            by_valid_index: bool) -> Advantages:
+                            by_valid_index: bool, keep=None) -> Advantages:
     """A_t = G_t - B_t (see optimal_token_baseline_advantages); ``by_valid_index`` indexes B by the
-    k-th valid token of each completion (rows packed left) instead of the absolute position t."""
-    G = _otb_returns(rewards, mask, cfg, kl)
+    k-th valid token of each completion (rows packed left) instead of the absolute position t.
+    keep (B, T) (rollout rejection): as verl's driver, every step below reads mask * keep, only the
+    token rewards sit on the full mask."""
+    G = _otb_returns(rewards, mask, cfg, kl, mask if keep is None else mask * keep)
+    if keep is not None:
+        mask = mask * keep
     if cfg.group_size < 2:
         return Advantages(torch.zeros_like(G), zero_padding(G, mask))
     w_cum = path_variance(old_logp.to(G.dtype), sum_pi_squared.to(G.dtype), mask,
@@ -462,7 +473,7 @@ def _optimal_token_baseline(rewards, mask, cfg: AdvantageConfig, kl, old_logp, s
 
 @ADVANTAGE_ESTIMATORS.register("optimal_token_baseline")
 def optimal_token_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, old_logp=None,
-                                      sum_pi_squared=None, is_weights=None) -> Advantages:
+                                      sum_pi_squared=None, is_weights=None, keep=None) -> Advantages:
     """Optimal Token Baseline (verl 0.9.1 ``optimal_token_baseline``): a baseline per position t
     from the group's returns weighted by each completion's accumulated score variance,
 
@@ -476,19 +487,19 @@ def optimal_token_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl
     ``tir_optimal_token_baseline``. A group of one gets 0 as every group estimator here (verl:
     A = G_t, no baseline). Returns = G_t.
     """
-    return _optimal_token_baseline(rewards, mask, cfg, kl, old_logp, sum_pi_squared, is_weights, by_valid_index=False)
+    return _optimal_token_baseline(rewards, mask, cfg, kl, old_logp, sum_pi_squared, is_weights, by_valid_index=False, keep=keep)
 
 
 @ADVANTAGE_ESTIMATORS.register("tir_optimal_token_baseline")
 def tir_optimal_token_baseline_advantages(rewards, mask, cfg: AdvantageConfig, *, kl=None, values=None, old_logp=None,
-                                          sum_pi_squared=None, is_weights=None) -> Advantages:
+                                          sum_pi_squared=None, is_weights=None, keep=None) -> Advantages:
     """Optimal Token Baseline for tool-integrated reasoning (verl 0.9.1
     ``tir_optimal_token_baseline``, ``compute_multi_turn_optimal_token_baseline_advantage``): as
     ``optimal_token_baseline``, but B is indexed by the k-th *valid* token of each completion
     instead of the absolute position, so that tool outputs masked out between turns do not shift
     one completion's tokens against another's. With right padding only, the two are equal.
     """
-    return _optimal_token_baseline(rewards, mask, cfg, kl, old_logp, sum_pi_squared, is_weights, by_valid_index=True)
+    return _optimal_token_baseline(rewards, mask, cfg, kl, old_logp, sum_pi_squared, is_weights, by_valid_index=True, keep=keep)
 
 
 # ---------------------------------------------------------------------------------------------
