@@ -167,12 +167,12 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
 
 def test_every_lab_page_renders_its_figures(browser_page, server):
     """Each lab, opened by URL in chromium: no exception box, and the analytic figures are drawn."""
-    from workbench.ui.labs import LAB_PAGES
+    from workbench.ui.labs import lab_pages
     from workbench.algorithms import FAMILIES
 
     walkthroughs = tuple(f"walkthrough-{f.slug}-" for f in FAMILIES.values())  # every registry family
     page = browser_page
-    for _, title, url_path in LAB_PAGES:
+    for _, title, url_path in lab_pages():
         page.goto(f"{server}/{url_path}")
         main = page.get_by_test_id("stMain")
         main.get_by_role("heading").first.wait_for()
@@ -221,7 +221,7 @@ def test_sidebar_groups_the_labs_and_reaches_every_lab_page(browser_page, server
     """The sidebar showed 5 of 34 labs ("View 29 more") in one list. Now: the sections in the
     learner's order, every listed lab a sidebar link, no "View more", and each page merged out of
     the sidebar linked from the walkthrough that stands for it; a link opens its page."""
-    from workbench.ui.labs import LABS, SECTIONS
+    from workbench.ui.labs import SECTIONS, labs
 
     page = browser_page
     page.goto(f"{server}/lab-kl")
@@ -231,14 +231,14 @@ def test_sidebar_groups_the_labs_and_reaches_every_lab_page(browser_page, server
     assert headers == ["Workbench", *SECTIONS]
     assert page.get_by_test_id("stSidebarNavViewButton").count() == 0
     hrefs = {h.rstrip("/").rsplit("/", 1)[-1] for h in nav.locator("a").evaluate_all("as => as.map(a => a.href)")}
-    assert {p.url for p in LABS if not p.hidden} <= hrefs
-    assert not {p.url for p in LABS if p.hidden} & hrefs
+    assert {p.url for p in labs() if not p.hidden} <= hrefs
+    assert not {p.url for p in labs() if p.hidden} & hrefs
     nav.locator('a[href$="/walkthrough-loss-gmpo"]').click()
     main = page.get_by_test_id("stMain")
     wait_until(lambda: "Loss walkthrough: GMPO" in main.get_by_role("heading").first.inner_text(), 60, "the GMPO page", page=page)
-    hidden = {p.url for p in LABS if p.hidden}
+    hidden = {p.url for p in labs() if p.hidden}
     linked = set()
-    for p in LABS:
+    for p in labs():
         if p.title.startswith("Walkthrough: "):
             page.goto(f"{server}/{p.url}")
             link = page.get_by_test_id("stPageLink").first

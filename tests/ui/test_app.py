@@ -11,7 +11,7 @@ def test_app_opens_on_launch_with_every_section(home):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
     assert at.title[0].value == "Launch"
-    from workbench.ui.labs import LAB_PAGES
+    from workbench.ui.labs import lab_pages
     from workbench.ui.nav import page_specs
 
     sections = page_specs()
@@ -20,7 +20,7 @@ def test_app_opens_on_launch_with_every_section(home):
     assert [p.title for p in sections["Workbench"]] == ["Launch", "Runs", "Live / Compare", "Export", "Settings", "Audit"]
     assert [p.url_path for p in sections["Workbench"]] == ["launch", "runs", "compare", "export", "settings", "audit"]
     labs = [p for name, pages in sections.items() if name != "Workbench" for p in pages]
-    assert sorted(p.url_path for p in labs) == sorted(url for _, _, url in LAB_PAGES)  # every lab page, once
+    assert sorted(p.url_path for p in labs) == sorted(url for _, _, url in lab_pages())  # every lab page, once
     assert [p.url_path for p in sections["Experiments"]] == ["lab-lens", "lab-experiments"]
     listed = [p.title for p in sections["Estimators"] if not p.hidden]
     assert listed.count("GRPO") == 1 and listed[:2] == ["GRPO", "Dr. GRPO"]  # no second "Estimator walkthrough: GRPO"
@@ -47,9 +47,9 @@ def test_the_app_opens_without_importing_torch(home):
 def test_lab_walkthrough_titles_come_from_the_specs():
     """The navigation lists every spec's preset walkthrough, under the spec's title, in spec order."""
     from workbench.algorithms import walkthroughs
-    from workbench.ui.labs import LAB_PAGES
+    from workbench.ui.labs import lab_pages
 
-    pages = {url: title for _, title, url in LAB_PAGES}
+    pages = {url: title for _, title, url in lab_pages()}
     expected = {f"walkthrough-{key.replace('_', '-')}": f"Walkthrough: {w.title}" for key, (_, w) in walkthroughs().items()}
     assert {u: t for u, t in pages.items() if u in expected} == expected
     assert list(expected) == ["walkthrough-grpo", "walkthrough-dr-grpo", "walkthrough-rloo", "walkthrough-reinforce-pp",

@@ -1,15 +1,15 @@
-"""Every lab page, walked from the registry (LAB_PAGES): tables, knob texts and the navigation
+"""Every lab page, walked from the registry (lab_pages()): tables, knob texts and the navigation
 that groups them (issue 19, "Labs")."""
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from workbench.ui.labs import LAB_PAGES
+from workbench.ui.labs import lab_pages
 
 
 def lab(url: str) -> AppTest:
-    script = ("from workbench.ui.labs import LAB_PAGES\n"
-              f"{{u: f for f, t, u in LAB_PAGES}}[{url!r}]()\n")
+    script = ("from workbench.ui.labs import lab_pages\n"
+              f"{{u: f for f, t, u in lab_pages()}}[{url!r}]()\n")
     return AppTest.from_string(script, default_timeout=120)
 
 
@@ -17,7 +17,7 @@ def test_padding_cells_of_every_lab_table_render_empty(home):
     """The worked examples' captions say empty cells are padding, but a missing value was drawn
     as "None". Every table on every lab page that has a missing cell draws it empty."""
     seen = 0
-    for _, _, url in LAB_PAGES:
+    for _, _, url in lab_pages():
         at = lab(url).run()
         assert not at.exception, (url, at.exception)
         for frame in at.dataframe:
@@ -66,11 +66,11 @@ def test_every_loss_pages_knob_text_is_its_specs_own(home):
 def test_every_hidden_lab_page_is_linked_from_the_walkthrough_that_stands_for_it(home):
     """The duplicate "Walkthrough: GRPO" / "Estimator walkthrough: GRPO" entries were merged: the
     registry walkthrough left the sidebar and each preset walkthrough of its spec links to it."""
-    from workbench.ui.labs import LABS
+    from workbench.ui.labs import labs
 
-    hidden = {p.url for p in LABS if p.hidden}
+    hidden = {p.url for p in labs() if p.hidden}
     linked = set()
-    for p in LABS:
+    for p in labs():
         if p.url.startswith("walkthrough-") and not p.hidden and not p.url.startswith(("walkthrough-adv-", "walkthrough-loss-",
                                                                                         "walkthrough-shaping-")):
             at = lab(p.url).run()

@@ -19,9 +19,9 @@ torch.set_num_threads(1)
 
 
 def lab(url: str) -> AppTest:
-    """One lab page rendered on its own, looked up by its url path in LAB_PAGES."""
-    script = ("from workbench.ui.labs import LAB_PAGES\n"
-              f"{{u: f for f, t, u in LAB_PAGES}}[{url!r}]()\n")
+    """One lab page rendered on its own, looked up by its url path in lab_pages()."""
+    script = ("from workbench.ui.labs import lab_pages\n"
+              f"{{u: f for f, t, u in lab_pages()}}[{url!r}]()\n")
     return AppTest.from_string(script, default_timeout=120)
 
 
@@ -368,13 +368,13 @@ def test_known_biases_are_each_presets_own(lab_home, url, std_note):
 def test_every_registered_name_has_a_walkthrough_page():
     """The navigation (torch-free, from the specs) and the live registries list the same pages."""
     from workbench.core import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-    from workbench.ui.labs import LAB_PAGES
+    from workbench.ui.labs import lab_pages
     from workbench.ui.labs.estimators import component_pages
     from workbench.ui.labs import page_url
 
     from workbench.core import ADVANTAGE_SHAPINGS
 
-    nav = [u for _, _, u in LAB_PAGES if u.startswith(("walkthrough-adv-", "walkthrough-loss-", "walkthrough-shaping-"))]
+    nav = [u for _, _, u in lab_pages() if u.startswith(("walkthrough-adv-", "walkthrough-loss-", "walkthrough-shaping-"))]
     expected = ([page_url("advantage", n) for n in ADVANTAGE_ESTIMATORS] + [page_url("policy_loss", n) for n in POLICY_LOSSES]
                 + [page_url("shaping", n) for n in ADVANTAGE_SHAPINGS])
     assert nav == expected == [u for _, _, u in component_pages()]

@@ -52,6 +52,13 @@ def test_every_registered_spec_has_its_entry_in_each_lab(home):
     assert ratio_pages and all(w.ratio_overrides for w in ratio_pages)
 
 
+def _listed(section: str) -> list[tuple[str, str]]:
+    """(url path, sidebar label) of the pages listed under ``section`` of the app's navigation."""
+    from workbench.ui.nav import page_specs
+
+    return [(p.url_path, p.title) for p in page_specs()[section] if not p.hidden]
+
+
 def _gradient_curve(at, title: str) -> tuple[list[float], list[float]]:
     """(ratio, gradient) of ``title``'s A > 0 curve on the PPO-region chart (its traces: A > 0
     objective, A > 0 gradient, A < 0 objective, A < 0 gradient)."""
@@ -98,9 +105,11 @@ def test_a_spec_registered_by_a_test_appears_in_the_labs(home):
         assert any("test_halved" in o for o in at.selectbox(key="agg_loss").options)
         at = component("walkthrough-loss-test-halved").run()
         assert not at.exception and at.title[0].value == "Loss walkthrough: Halved clip"
+        assert ("walkthrough-loss-test-halved", "Halved clip") in _listed("Losses")  # in the navigation too
     finally:
         algorithms.unregister("policy_loss", "test_halved")
         POLICY_LOSSES.unregister("test_halved")
+    assert "walkthrough-loss-test-halved" not in {url for url, _ in _listed("Losses")}
     at = lab("lab-ppo-regions").run()
     assert "test_halved" not in FAMILIES["policy_loss"].specs
     assert "Halved clip" not in at.multiselect(key="ppo_losses").options

@@ -27,11 +27,11 @@ def _render(module: str) -> Callable[[], None]:
 
 
 def lab_sections() -> dict[str, list[PageSpec]]:
-    """The labs' navigation sections, from their registry (``workbench.ui.labs.LABS``), in the
+    """The labs' navigation sections, from their registry (``workbench.ui.labs.labs()``), in the
     order a learner takes them (``SECTIONS``); each page under its sidebar label."""
-    from workbench.ui.labs import LABS, SECTIONS
+    from workbench.ui.labs import SECTIONS, labs
 
-    sections = {section: [PageSpec(p.render, p.label, p.url, hidden=p.hidden) for p in LABS if p.section == section]
+    sections = {section: [PageSpec(p.render, p.label, p.url, hidden=p.hidden) for p in labs() if p.section == section]
                 for section in SECTIONS}
     return {section: pages for section, pages in sections.items() if pages}
 

@@ -1,11 +1,13 @@
 """The labs: analytic views from the formulas next to what happened in real runs.
 
-``LABS``: the registry of lab pages, in the order a learner takes them, each with the navigation
-section it sits in (``SECTIONS``: concepts first, then the estimators, the losses, and the
-experiments on real runs), its sidebar label and its page title. A registered name whose spec
-carries preset walkthroughs (GRPO, RLOO, GSPO, ...) is listed once, by those walkthroughs; its
-registry walkthrough stays reachable by its address and by a link on them (``hidden``).
-``LAB_PAGES``: (render function, title, url path) of every lab page, hidden ones included.
+``labs()``: the lab pages, in the order a learner takes them, each with the navigation section it
+sits in (``SECTIONS``: concepts first, then the estimators, the losses, and the experiments on real
+runs), its sidebar label and its page title, built from the specs registered when it is called
+(a plugin's spec registered after import gets its walkthrough page in the navigation). A
+registered name whose spec carries preset walkthroughs (GRPO, RLOO, GSPO, ...) is listed once, by
+those walkthroughs; its registry walkthrough stays reachable by its address and by a link on them
+(``hidden``). ``lab_pages()``: (render function, title, url path) of every lab page, hidden ones
+included.
 A lab's module (and with it torch, for the core's functions) is imported when its page is first
 opened, not when the navigation is built: the workbench pages never load torch (it made the
 first visit to Launch take ~8 s).
@@ -18,8 +20,6 @@ from typing import Callable, NamedTuple
 
 from workbench.algorithms import FAMILIES, names, walkthroughs
 
-# Preset walkthroughs: key -> title, in page order, from the specs that carry them.
-WALKTHROUGH_TITLES: dict[str, str] = {key: w.title for key, (_, w) in walkthroughs().items()}
 # Families with one walkthrough page per registered name (render_component has a worked example for them).
 COMPONENT_FAMILIES: tuple[str, ...] = ("advantage", "policy_loss", "shaping")
 
@@ -46,12 +46,6 @@ def _lazy(module: str, function: str = "render", *args: str) -> Callable[[], Non
     return render
 
 
-# One walkthrough per registered advantage estimator, policy loss and shaping, from the specs
-# (tests/test_algorithms.py checks they equal the registries), all rendered by the one template
-# estimators.render_component.
-REGISTERED_NAMES: dict[str, tuple[str, ...]] = {family: names(family) for family in COMPONENT_FAMILIES}
-
-
 class LabPage(NamedTuple):
     render: Callable[[], None]
     title: str  # the page's own title
@@ -67,28 +61,34 @@ FAMILY_SECTIONS: dict[str, str] = {"advantage": "Estimators", "shaping": "Estima
 
 
 def _family_pages(family: str) -> list[LabPage]:
-    """Every registered name of ``family``: its preset walkthroughs (if its spec carries any),
-    then its registry walkthrough, hidden when the preset walkthroughs stand for it."""
-    section, out = FAMILY_SECTIONS[family], []
-    for name in REGISTERED_NAMES[family]:
-        presets = [key for key, (owner, _) in walkthroughs().items() if (owner.family, owner.name) == (family, name)]
-        out += [LabPage(_lazy("estimators", "render_walkthrough", key), f"Walkthrough: {WALKTHROUGH_TITLES[key]}",
-                        f"walkthrough-{key.replace('_', '-')}", section, WALKTHROUGH_TITLES[key]) for key in presets]
+    """Every name of ``family`` registered now: its preset walkthroughs (if its spec carries any),
+    then its registry walkthrough (one template, estimators.render_component), hidden when the
+    preset walkthroughs stand for it."""
+    section, out, presets_of = FAMILY_SECTIONS[family], [], walkthroughs()
+    for name in names(family):
+        presets = [(key, w.title) for key, (owner, w) in presets_of.items() if (owner.family, owner.name) == (family, name)]
+        out += [LabPage(_lazy("estimators", "render_walkthrough", key), f"Walkthrough: {title}",
+                        f"walkthrough-{key.replace('_', '-')}", section, title) for key, title in presets]
         out.append(LabPage(_lazy("estimators", "render_component", family, name), page_title(family, name),
                            page_url(family, name), section, title_of(family, name), hidden=bool(presets)))
     return out
 
 
-LABS: list[LabPage] = [
-    LabPage(_lazy("ppo_regions"), "PPO clip regions", "lab-ppo-regions", "Concepts", "PPO clip regions"),
-    LabPage(_lazy("aggregation"), "Loss aggregation", "lab-aggregation", "Concepts", "Loss aggregation"),
-    LabPage(_lazy("kl"), "KL estimators", "lab-kl", "Concepts", "KL estimators"),
-    *[page for family in COMPONENT_FAMILIES for page in _family_pages(family)],
-    LabPage(_lazy("lens"), "Same-batch lens", "lab-lens", "Experiments", "Same-batch lens"),
-    LabPage(_lazy("experiments"), "Experiments", "lab-experiments", "Experiments", "Experiments"),
-]
+def labs() -> list[LabPage]:
+    """Every lab page, in navigation order, from the specs registered now."""
+    return [
+        LabPage(_lazy("ppo_regions"), "PPO clip regions", "lab-ppo-regions", "Concepts", "PPO clip regions"),
+        LabPage(_lazy("aggregation"), "Loss aggregation", "lab-aggregation", "Concepts", "Loss aggregation"),
+        LabPage(_lazy("kl"), "KL estimators", "lab-kl", "Concepts", "KL estimators"),
+        *[page for family in COMPONENT_FAMILIES for page in _family_pages(family)],
+        LabPage(_lazy("lens"), "Same-batch lens", "lab-lens", "Experiments", "Same-batch lens"),
+        LabPage(_lazy("experiments"), "Experiments", "lab-experiments", "Experiments", "Experiments"),
+    ]
 
-LAB_PAGES: list[tuple[Callable[[], None], str, str]] = [(p.render, p.title, p.url) for p in LABS]
+
+def lab_pages() -> list[tuple[Callable[[], None], str, str]]:
+    """(render, title, url path) of every lab page, hidden ones included."""
+    return [(p.render, p.title, p.url) for p in labs()]
 
 
 def merged_into(key: str) -> tuple[str, str] | None:
