@@ -83,7 +83,7 @@ def test_the_advantages_are_shaped_with_the_controllers_beta(wb_home, few_proble
     _, out = t.rollout(0)
     rewards = torch.linspace(0.0, 1.0, out.completion_mask.shape[0])
     t.state.kl_coef = 0.3
-    _, (_, g_mask, g_kl, g_adv) = t.prepare_batch(out, rewards)
+    _, (_, g_mask, g_kl, g_adv, _) = t.prepare_batch(out, rewards)
     assert float(g_kl.abs().sum()) > 0
     cfg = t.recipe.advantage_config()
     shaped = lambda beta: compute_advantages("rloo", rewards, g_mask, replace(cfg, kl_coef=beta), kl=g_kl).advantages  # noqa: E731

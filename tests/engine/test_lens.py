@@ -295,7 +295,7 @@ def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and
     t.setup()
     t.step(0)  # one update: step 1 samples with the weights before it
     _, out, rewards, *_ = t.sample(1)
-    batch, (g_rewards, g_mask, g_kl, _) = t.prepare_batch(out, rewards)
+    batch, (g_rewards, g_mask, g_kl, _, g_keep) = t.prepare_batch(out, rewards)
     B = batch.completion_mask.shape[0]
     # every mask and weight acts on this batch
     assert not torch.allclose(batch.is_weights[batch.completion_mask.bool()], torch.ones(()))
@@ -314,7 +314,7 @@ def test_lens_reference_is_the_trainers_accumulated_gradient_with_every_mask_and
         pass
     params = t.lens._params()
     trainer_grad = torch.cat([p.grad.reshape(-1).double() for p in params])
-    t.lens.evaluate(batch, g_rewards, g_mask, g_kl, 4)
+    t.lens.evaluate(batch, g_rewards, g_mask, g_kl, 4, g_keep=g_keep)
     g_run = t.lens.reference["before"]
     cos = float(torch.dot(g_run, trainer_grad) / (g_run.norm() * trainer_grad.norm()))
     print(f"cos={cos!r} |g_run|={float(g_run.norm())!r} |g_trainer|={float(trainer_grad.norm())!r}")

@@ -36,3 +36,28 @@ def test_reinforce_pp_with_token_rejection_whitens_over_kept_tokens(wb_home, few
     # so every kept token 0 carries the same advantage (-mean / std)
     first = a[:, 0][mask[:, 1].bool()]  # rows of 2+ tokens: their reward sits at or after the hole
     torch.testing.assert_close(first, torch.full_like(first, first[0].item()))
+
+
+def test_the_lens_rows_see_the_runs_rejection(wb_home, few_problems, tmp_path):
+    """The lens compares every estimator on the run's batch; under rollout rejection each row is what
+    a run with that estimator would train on: the row of the run's own estimator (reinforce_pp, whose
+    whitening and return read the keep-mask) equals the advantages the run trained on, and a row
+    without the keep-mask differs from it."""
+    from workbench.engine.lens import lens_advantages
+
+    recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0",
+                                  "algorithm.rollout_rejection=token_k1", f"algorithm.rollout_rejection_max={math.exp(0.25)}",
+                                  "train.threads=1"])
+    t = Trainer(recipe, tmp_path)
+    t.setup()
+    _, out = t.rollout(0)
+    mask = out.completion_mask
+    position = torch.arange(mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
+    out.rollout_logp = out.rollout_logp + torch.where(position == 1, 0.5, 0.1) * mask
+    batch, g = t.prepare_batch(out, torch.linspace(0.0, 1.0, mask.shape[0]))
+    assert g.keep is not None and (g.keep * g.mask).sum() < g.mask.sum()
+    rows = lens_advantages(g.rewards, g.mask, t.advantage_config(), kl=g.kl, keep=g.keep)
+    torch.testing.assert_close(rows["reinforce_pp"], batch.advantages, rtol=0, atol=0)
+    blind = lens_advantages(g.rewards, g.mask, t.advantage_config(), kl=g.kl)
+    assert not torch.allclose(blind["reinforce_pp"] * g.keep, batch.advantages)
+    assert set(rows) == set(blind)  # every estimator's row, with or without rejection

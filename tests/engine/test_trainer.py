@@ -224,7 +224,7 @@ def test_kl_uses_the_trainers_log_probs_not_the_rollout_engines(wb_home, few_pro
     _, out = t.rollout(0)
     out.rollout_logp = out.rollout_logp + 0.1 * out.completion_mask
     rewards = torch.linspace(0.0, 1.0, out.completion_mask.shape[0])
-    batch, (_, g_mask, g_kl, g_adv) = t.prepare_batch(out, rewards)
+    batch, (_, g_mask, g_kl, g_adv, _) = t.prepare_batch(out, rewards)
     torch.testing.assert_close(g_kl, torch.zeros_like(g_kl), atol=1e-6, rtol=0)
     torch.testing.assert_close(batch.old_logp, batch.ref_logp, atol=1e-6, rtol=0)
     unshaped = compute_advantages("rloo", rewards, g_mask, replace(recipe.advantage_config(), kl_coef=0.0)).advantages

@@ -114,11 +114,12 @@ def lens_estimators() -> dict[str, tuple[str, dict]]:
 
 def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageConfig, *,
                     kl: torch.Tensor | None = None, values: torch.Tensor | None = None,
-                    baselines: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    baselines: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Advantages (B, T) of every lens estimator on one batch, with the run's settings ``base``
     (group size, eps, gamma, lambda, in-reward KL, whitening). rewards (B,), mask (B, T).
     Estimators that read a critic's values join only when ``values`` is given; those that need a
-    greedy baseline (ReMax) only when the run generated one (``baselines`` (B,))."""
+    greedy baseline (ReMax) only when the run generated one (``baselines`` (B,)). ``keep`` (B, T):
+    the run's rollout-rejection mask, so each row is what a run with that estimator would train on."""
     out = {}
     for key, (name, overrides) in lens_estimators().items():
         if (name in CRITIC_ESTIMATORS and values is None) or (name in BASELINE_ESTIMATORS and baselines is None):
@@ -126,7 +127,7 @@ def lens_advantages(rewards: torch.Tensor, mask: torch.Tensor, base: AdvantageCo
         if name in POLICY_STAT_ESTIMATORS:  # needs the policy's old log-probs and sum pi^2, which the lens has not
             continue
         out[key] = compute_advantages(name, rewards, mask, replace(base, **overrides), kl=kl, values=values,
-                                      baselines=baselines).advantages
+                                      baselines=baselines, keep=keep).advantages
     return out
 
 
@@ -290,9 +291,10 @@ class SameBatchLens:
         self._before = parameters_to_vector(self._params()).detach().clone()
         self._entropy_coef = self.trainer.entropy_coef_now()
 
-    def evaluate(self, batch, g_rewards, g_mask, g_kl, n_sequences: int, g_baselines=None) -> dict:
+    def evaluate(self, batch, g_rewards, g_mask, g_kl, n_sequences: int, g_baselines=None, g_keep=None) -> dict:
         """The lens payload for the step whose ``snapshot()`` was taken (see module docstring).
-        g_baselines (B_global,): ReMax's greedy rewards when the run generated them."""
+        g_baselines (B_global,): ReMax's greedy rewards when the run generated them; g_keep
+        (B_global, T): rollout rejection's keep-mask when the run rejects."""
         from workbench.engine.forward import logprobs_and_entropy  # the engine's own forward
 
         t0 = time.perf_counter()
@@ -302,7 +304,8 @@ class SameBatchLens:
         after = parameters_to_vector(params).detach().clone()
         update = (self._before - after).double()
         g_values = ranks.gather(batch.old_values) if batch.old_values is not None else None
-        advantages = lens_advantages(g_rewards, g_mask, tr.advantage_config(), kl=g_kl, values=g_values, baselines=g_baselines)
+        advantages = lens_advantages(g_rewards, g_mask, tr.advantage_config(), kl=g_kl, values=g_values, baselines=g_baselines,
+                                     keep=g_keep)
         run = (lens_key(a.advantage, a.grpo_scale), a.policy_loss)
         distilled = tr.distill_inputs if tr.teacher is not None else None
         if distilled is not None:  # the teacher log-probs this step scored: reused, never recomputed

@@ -223,6 +223,18 @@ class BehaviourForwards(NamedTuple):
     kl: torch.Tensor | None
 
 
+class GlobalBatch(NamedTuple):
+    """A step's batch over every rank as its advantages saw it: the training ``rewards`` (B,),
+    ``mask`` (B, T), the in-reward ``kl`` (B, T) or None, the ``advantages`` (B, T) and rollout
+    rejection's ``keep`` (B, T) or None (off)."""
+
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    kl: torch.Tensor | None
+    advantages: torch.Tensor
+    keep: torch.Tensor | None
+
+
 class Sample(NamedTuple):
     """One step's sampled batch: dataset ``rows``, the rollout ``out``, ``rewards`` (B,),
     ``per_fn`` (name -> (B,)), sampling ``metrics`` and ``alongside``: what ``Trainer.sample``'s
@@ -628,7 +640,7 @@ class Trainer:
 
     @torch.no_grad()
     def prepare_batch(self, out, rewards: torch.Tensor, baselines: torch.Tensor | None = None,
-                      forwards: BehaviourForwards | None = None):
+                      forwards: BehaviourForwards | None = None) -> tuple[StepBatch, GlobalBatch]:
         """Old / reference log-probs, values, KL-in-reward (``forwards``: computed here when None),
         rollout-correction weights, the rollout-rejection mask (folded into loss_mask) and
         global-batch advantages. baselines (B,): ReMax's greedy rewards (advantage=remax)."""
@@ -666,7 +678,7 @@ class Trainer:
         batch = StepBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, mask, loss_mask,
                           adv.advantages[mine], adv.returns[mine], old_logp, ref_logp, old_values, is_weights,
                           out.rollout_logp if a.off_policy_mask_threshold is not None else None)
-        return batch, (g_rewards, g_mask, g_kl, adv.advantages)
+        return batch, GlobalBatch(g_rewards, g_mask, g_kl, adv.advantages, g_keep)
 
     def advantage_config(self):
         """The recipe's advantage settings with this step's KL coefficient when the KL is in the
@@ -874,7 +886,7 @@ class Trainer:
         # with the rewards (dynamic sampling scores between rounds) and the behaviour forwards they overlap
         t_gen = time.perf_counter() - t0
         train_rewards = self.training_rewards(rewards, per_fn)
-        batch, (g_train_rewards, g_mask, g_kl, g_adv) = self.prepare_batch(out, train_rewards, baselines, forwards)
+        batch, (g_train_rewards, g_mask, g_kl, _, g_keep) = self.prepare_batch(out, train_rewards, baselines, forwards)
         g_rewards = g_train_rewards if train_rewards is rewards else ranks.gather(rewards)
         lens_due = self.lens.due(step)
         if lens_due:
@@ -883,7 +895,8 @@ class Trainer:
         optimised, last, first_logp = self.optimise(batch, step)
         t_train = time.perf_counter() - t1
         g_baselines = ranks.gather(baselines) if baselines is not None else None
-        lens = self.lens.evaluate(batch, g_train_rewards, g_mask, g_kl, r.logging.diagnostics_sequences, g_baselines) if lens_due else None
+        lens = (self.lens.evaluate(batch, g_train_rewards, g_mask, g_kl, r.logging.diagnostics_sequences, g_baselines, g_keep)
+                if lens_due else None)
         reward_kl = self.update_kl_controller(g_kl, g_mask)  # after the lens, which reads this step's beta
 
         # ---- the global batch's figures (every rank takes part in the same collectives) ----
