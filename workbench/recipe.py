@@ -223,7 +223,7 @@ class Algorithm(_AlgorithmPolicyLoss):
     rollout_rejection_min: float | None = Field(None, gt=0, le=MAX_REJECTION_THRESHOLD)
     """Lower ratio threshold of a k1 rollout_rejection (verl rollout_rs_threshold "lower_upper"; default None = 1 / rollout_rejection_max, verl's default). k2 / k3 modes take no lower bound."""
     bypass_mode: bool = False
-    """DPPO's bypass mode (verl algorithm.rollout_correction.bypass_mode, default False, with its default loss_type ppo_clip; no TRL / OpenRLHF setting): the old log-probs ARE the rollout engine's (two policies instead of three), so the old log-prob forward is skipped and the policy ratio pi_theta / pi_rollout carries the rollout / trainer mismatch into the clip, also at train.mu = 1 where the recomputed ratio is 1. The KL in the reward reads them too (verl's apply_kl_penalty reads old_log_probs). Saves one forward of the batch per step; matters with vLLM, bf16 rollouts or train.staleness > 0. Needs the rollout engine's log-probs (as rollout_correction); rollout_correction and rollout_rejection must be none (they would compare the rollout's log-probs with themselves), and estimators that read the policy's own statistics need the forward it skips."""
+    """DPPO's bypass mode (verl algorithm.rollout_correction.bypass_mode, default False, with its default loss_type ppo_clip; no TRL / OpenRLHF setting): the old log-probs ARE the rollout engine's (two policies instead of three), so the old log-prob forward is skipped and the policy ratio pi_theta / pi_rollout carries the rollout / trainer mismatch into the clip, also at train.mu = 1 where the recomputed ratio is 1. The KL in the reward reads them too (verl's apply_kl_penalty reads old_log_probs). Saves one forward of the batch per step; matters with vLLM, bf16 rollouts or train.staleness > 0. Needs the rollout engine's log-probs (as rollout_correction). With it, rollout_rejection and rollout_correction act inside the loss, as verl's bypass loss: each micro-batch compares the CURRENT policy's log-probs (detached) with the rollout's, so they follow the policy through the epochs; rejected tokens stay in the normalisers (verl counts its batch before the loss). rollout_correction's IS weights then need policy_loss=reinforce with reinforce_form=logp (verl loss_type=reinforce: -w A log pi); a ratio loss already carries pi_theta / pi_rollout (verl's ppo_clip applies no weights). Estimators that read the policy's own statistics need the forward it skips."""
     top_entropy_quantile: float = Field(1.0, ge=0, le=1)
     """Train only on the highest-entropy tokens ("Beyond the 80/20 Rule", Wang et al. 2025; TRL top_entropy_quantile rho): tokens below the (1 - rho) entropy quantile of the batch's loss tokens get no policy loss. 1.0 = off (every token); the paper uses 0.2."""
     multi_objective_aggregation: str = "sum_then_normalize"
@@ -307,15 +307,17 @@ class Algorithm(_AlgorithmPolicyLoss):
                              "it adapts starts at kl_coef and never leaves 0; set kl_coef > 0 (verl 0.001)")
 
     def _check_bypass_mode(self, estimator) -> None:
-        """Bypass mode takes old := the rollout engine's log-probs: what compares the two, or reads
-        the skipped forward's statistics, has nothing left to work on."""
+        """Bypass mode takes old := the rollout engine's log-probs: IS weights on top of a ratio loss
+        would count pi_theta / pi_rollout twice (verl's bypass applies them only with loss_type
+        reinforce), and the skipped forward's statistics are not there."""
         if not self.bypass_mode:
             return
-        for name, value in (("rollout_correction", self.rollout_correction), ("rollout_rejection", self.rollout_rejection)):
-            if value != "none":
-                raise ValueError(f"algorithm.{name}={value!r} with algorithm.bypass_mode=True: allowed only 'none' (bypass "
-                                 "mode's old log-probs are the rollout's, so the weights / divergences would be 1 / 0; "
-                                 "the clip of the ratio pi_theta / pi_rollout bounds the mismatch instead)")
+        if self.rollout_correction != "none" and (self.policy_loss, self.reinforce_form) != ("reinforce", "logp"):
+            raise ValueError(f"algorithm.rollout_correction={self.rollout_correction!r} with algorithm.bypass_mode=True and "
+                             f"policy_loss={self.policy_loss!r}"
+                             + (f", reinforce_form={self.reinforce_form!r}" if self.policy_loss == "reinforce" else "")
+                             + ": allowed only with policy_loss='reinforce', reinforce_form='logp' (verl loss_type=reinforce); "
+                             "a ratio loss's pi_theta / pi_rollout is the correction already (verl's ppo_clip applies no weights)")
         if estimator.needs_policy_stats:
             raise ValueError(f"algorithm.advantage={self.advantage!r} with algorithm.bypass_mode=True: it reads "
                              "sum_v pi_v^2 from the old log-prob forward that bypass mode skips; allowed: bypass_mode=False")

@@ -1,6 +1,8 @@
 """core.policy_objective: the run's whole objective, each mask and weight checked against the
 number it must produce on a small batch."""
 
+import math
+
 import pytest
 import torch
 
@@ -105,3 +107,79 @@ def test_settings_that_need_a_missing_input_are_refused_not_dropped():
         policy_objective(logp, logp.detach(), adv, mask, mask, ObjectiveConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="top_entropy_quantile=0.5 needs the per-token entropy"):
         policy_objective(logp, logp.detach(), adv, mask, mask, ObjectiveConfig(top_entropy_quantile=0.5))
+
+
+# ---- verl's bypass mode: correction and rejection inside the loss -----------------------------------
+
+
+def _bypass_batch(seed=3, B=6, T=5):
+    """The current policy ``logp`` moved away from the rollout's ``rollout`` (which bypass mode takes as
+    the old log-probs) by up to ~0.6 nats per token, so truncation at 1.2 and a k1 window bite."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([5, 4, 5, 2, 3, 5])
+    mask = (torch.arange(T)[None] < lengths[:, None]).to(torch.float64)
+    rollout = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 2
+    logp = (rollout + 0.6 * torch.randn(B, T, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    adv = torch.randn(B, generator=gen, dtype=torch.float64)[:, None].expand(B, T).clone() * mask
+    return logp, rollout, adv, mask
+
+
+def verl_bypass_loss(log_prob, rollout_log_prob, advantages, response_mask, loss_type, is_threshold, rs_lower, rs_upper,
+                     num_tokens, clip=0.2):
+    """verl core_algos.compute_policy_loss_bypass_mode (b178a3c) with rollout_is='token',
+    rollout_rs='token_k1' and loss_agg_mode token-mean over the global token count it was given
+    (global_batch_info, counted before the loss): weights and rejection of the CURRENT log-probs
+    against the rollout's (compute_rollout_correction_and_rejection_mask(old_log_prob=log_prob, ...)),
+    then REINFORCE -A log pi w, or the vanilla PPO clip with the rollout as old and no weights."""
+    with torch.no_grad():
+        log_ratio = log_prob - rollout_log_prob
+        weights = torch.exp(torch.clamp(log_ratio, max=20.0)).clamp(max=is_threshold) * response_mask
+        k1 = -torch.clamp(log_ratio, -20, 20)  # log(pi_rollout / pi): kept within [log lower, log upper]
+        effective = response_mask * ((k1 >= math.log(rs_lower)) & (k1 <= math.log(rs_upper))).to(response_mask.dtype)
+    if loss_type == "reinforce":
+        pg_losses = -advantages * log_prob * weights
+    else:
+        ratio = torch.exp(log_prob - rollout_log_prob)  # compute_policy_loss_vanilla, dual clip c = 3 (verl's default)
+        clipped = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip, 1 + clip))
+        pg_losses = torch.where(advantages < 0, torch.minimum(-advantages * 3.0, clipped), clipped)
+    return (pg_losses * effective).sum() / num_tokens, effective
+
+
+@pytest.mark.parametrize("loss_type, rs_lower, rs_upper, seed", [("reinforce", 0.7, 1.5, 3), ("ppo_clip", 0.25, 4.0, 16)])
+def test_bypass_corrects_and_rejects_inside_the_loss_against_the_current_policy_as_verl(loss_type, rs_lower, rs_upper, seed):
+    logp, rollout, adv, mask = _bypass_batch(seed)
+    rejection = {"mode": "token_k1", "upper": rs_upper, "lower": rs_lower}
+    correction = {"level": "token", "mode": "truncate", "clip_min": None, "clip_max": 1.2} if loss_type == "reinforce" else None
+    cfg = ObjectiveConfig(policy_loss="reinforce" if loss_type == "reinforce" else "clip", aggregation="token-mean",
+                          loss=PolicyLossConfig(reinforce_form="logp", clip_c=3.0), in_loss_correction=correction,
+                          in_loss_rejection=rejection)
+    n = mask.sum()
+    ours = policy_objective(logp, rollout, adv, mask, mask, cfg, num_tokens=n, num_seqs=float(mask.shape[0]))
+    theirs, effective = verl_bypass_loss(logp, rollout, adv, mask, loss_type, 1.2, rs_lower, rs_upper, n)
+    assert 0 < effective.sum() < mask.sum()  # the rejection dropped some tokens, kept others
+    if loss_type == "ppo_clip":  # the window keeps ratios up to 1 / 0.25 = 4: the dual clip acts on a kept token
+        assert ((torch.exp(logp.detach() - rollout) > 3.0) & (adv < 0) & effective.bool()).any()
+    torch.testing.assert_close(ours.loss_mask, effective, rtol=0, atol=0)
+    torch.testing.assert_close(ours.loss, theirs, rtol=1e-12, atol=1e-14)
+    g_ours, = torch.autograd.grad(ours.loss, logp)
+    g_theirs, = torch.autograd.grad(theirs, logp)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-12, atol=1e-14)
+    if loss_type == "reinforce":  # d/dlogp of -A logp sg(w) / N: the truncated weight, not the ratio
+        w = torch.exp(logp.detach() - rollout).clamp(max=1.2)
+        torch.testing.assert_close(g_ours, -adv * w * effective / n, rtol=1e-12, atol=1e-14)
+        assert (torch.exp(logp.detach() - rollout) * effective > 1.2).any()  # the truncation acted
+
+
+def test_bypass_rejection_leaves_the_normalisers_and_follows_the_policy():
+    """Rejected tokens stay in the token count (verl counts before the loss); the same rollout with a
+    policy that moved elsewhere rejects other tokens (the mask is the current policy's, not fixed)."""
+    logp, rollout, adv, mask = _bypass_batch()
+    cfg = ObjectiveConfig(policy_loss="clip", aggregation="token-mean",
+                          in_loss_rejection={"mode": "token_k1", "upper": 1.5, "lower": 0.7})
+    obj = policy_objective(logp, rollout, adv, mask, mask, cfg)
+    pg, _ = compute_policy_loss("clip", logp, rollout, adv, obj.loss_mask, PolicyLossConfig())
+    assert obj.loss.item() == pytest.approx(float((pg * obj.loss_mask).sum() / mask.sum()), rel=1e-12)
+    moved = policy_objective((rollout + 0.5 * (logp.detach() - rollout)).requires_grad_(True), rollout, adv, mask, mask, cfg)
+    assert not torch.equal(moved.loss_mask, obj.loss_mask)
+    off = policy_objective(logp, rollout, adv, mask, mask, ObjectiveConfig(policy_loss="clip", aggregation="token-mean"))
+    assert torch.equal(off.loss_mask, mask)  # without the settings nothing is rejected

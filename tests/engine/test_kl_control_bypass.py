@@ -3,6 +3,7 @@ real runs of the built-in tiny model (one CPU thread: runs repeat exactly), thei
 and their verl import."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -175,6 +176,44 @@ def test_a_bypass_run_with_the_adaptive_controller_finishes(few_problems, tmp_pa
     assert "sampling/importance_sampling_ratio/mean" in m[1]  # the trainer's own log-probs of the single pass
 
 
+BYPASS_REINFORCE = ["algorithm.kl_coef=0", "train.mu=2", "algorithm.bypass_mode=true", "algorithm.policy_loss=reinforce",
+                    "algorithm.reinforce_form=logp", "algorithm.rollout_correction=token_truncate",
+                    "algorithm.rollout_correction_max=1.05", "algorithm.rollout_rejection=token_k1",
+                    "algorithm.rollout_rejection_max=1.2"]
+
+
+def test_bypass_with_verls_reinforce_loss_corrects_and_rejects_inside_the_loss(wb_home, few_problems, tmp_path):
+    """verl's bypass loss with loss_type=reinforce, IS truncated at 1.05 and token_k1 rejection at
+    [1/1.2, 1.2]: nothing is weighed or rejected before the loss (no driver-level weights, the loss
+    mask whole), and the micro-batch loss is core.policy_objective's with the correction and the
+    rejection of the CURRENT policy against the rollout's log-probs."""
+    from workbench.core import policy_objective
+    from workbench.engine.forward import logprobs_and_entropy
+
+    t = Trainer(_recipe(few_problems, *BYPASS_REINFORCE), tmp_path)
+    t.setup()
+    assert t.objective.in_loss_correction == {"level": "token", "mode": "truncate", "clip_min": None, "clip_max": 1.05,
+                                              "batch_normalize": False}
+    assert t.objective.in_loss_rejection == {"mode": "token_k1", "upper": 1.2, "lower": None}
+    _, out = t.rollout(0)
+    shift = torch.linspace(-0.4, 0.4, out.completion_mask.numel()).reshape(out.completion_mask.shape)
+    out.rollout_logp = out.rollout_logp + shift * out.completion_mask
+    batch, g = t.prepare_batch(out, torch.linspace(0.0, 1.0, out.completion_mask.shape[0]))
+    assert batch.is_weights is None and g.keep is None and torch.equal(batch.loss_mask, out.completion_mask)
+    counts = global_counts(t.ranks, batch.loss_mask, batch.completion_mask)
+    loss = t.micro_loss(batch, *counts)[0]
+    logp, _ = logprobs_and_entropy(t.policy, batch, t.recipe.sampling.temperature, False)
+    obj = policy_objective(logp, out.rollout_logp, batch.advantages, batch.loss_mask, batch.completion_mask, t.objective,
+                           num_tokens=counts[0], num_seqs=counts[1], max_len=t.recipe.sampling.max_completion_length)
+    assert 0 < obj.loss_mask.sum() < batch.loss_mask.sum()  # the shift of +-0.4 nats pushes some tokens out of [1/1.2, 1.2]
+    assert float(loss.detach()) == pytest.approx(float(obj.loss.detach()), rel=1e-6)
+
+
+def test_a_bypass_reinforce_run_with_correction_and_rejection_finishes(few_problems, tmp_path):
+    m = _run(few_problems, tmp_path, *BYPASS_REINFORCE, steps=2)
+    assert sorted(m) == [0, 1] and all(math.isfinite(v) for step in m.values() for v in step.values())
+
+
 # ---- refusals and the verl import --------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
@@ -185,10 +224,14 @@ def test_a_bypass_run_with_the_adaptive_controller_finishes(few_problems, tmp_pa
     (["algorithm.kl_controller=pid"], "algorithm.kl_controller='pid' is not allowed; choose one of: fixed, adaptive"),
     (["algorithm.kl_target=0"], "algorithm.kl_target=0"),
     (["algorithm.kl_horizon=1000000001"], "algorithm.kl_horizon=1000000001"),
+    # bypass mode's ratio is pi / pi_rollout already: explicit IS weights only with verl's loss_type=reinforce
     (["algorithm.bypass_mode=true", "algorithm.rollout_correction=token_truncate"],
-     "algorithm.rollout_correction='token_truncate' with algorithm.bypass_mode=True: allowed only 'none'"),
-    (["algorithm.bypass_mode=true", "algorithm.rollout_rejection=token_k3", "algorithm.rollout_rejection_max=0.1"],
-     "algorithm.rollout_rejection='token_k3' with algorithm.bypass_mode=True: allowed only 'none'"),
+     "algorithm.rollout_correction='token_truncate' with algorithm.bypass_mode=True and policy_loss='clip': allowed only "
+     "with policy_loss='reinforce', reinforce_form='logp'"),
+    (["algorithm.bypass_mode=true", "algorithm.rollout_correction=token_truncate", "algorithm.policy_loss=reinforce",
+      "algorithm.reinforce_form=ratio"],
+     "algorithm.rollout_correction='token_truncate' with algorithm.bypass_mode=True and policy_loss='reinforce', "
+     "reinforce_form='ratio': allowed only with policy_loss='reinforce', reinforce_form='logp'"),
     (["algorithm.bypass_mode=true", "algorithm.advantage=optimal_token_baseline"],
      "algorithm.advantage='optimal_token_baseline' with algorithm.bypass_mode=True"),
 ])
@@ -214,10 +257,17 @@ def _verl_config(kl_ctrl=None, rollout_correction=None, use_kl_loss=False):
     # verl builds no controller for the KL in the loss: its kl_ctrl says nothing there
     (_verl_config({"type": "adaptive", "kl_coef": 0.001, "target_kl": 0.1, "horizon": 10000}, use_kl_loss=True),
      {"kl_coef": 0.01, "kl_estimator": "k3", "kl_placement": "in_loss"}),
-    # bypass with PPO-clip (verl's default loss_type): its IS weights are metrics only, so bypass alone
-    (_verl_config({"type": "fixed", "kl_coef": 0.001}, {"bypass_mode": True, "rollout_is": "sequence", "rollout_is_threshold": 2.0}),
-     {"kl_coef": 0.001, "kl_estimator": "k1", "kl_placement": "in_reward", "kl_controller": "fixed", "bypass_mode": True}),
-    (_verl_config({"type": "fixed", "kl_coef": 0.001}, {"bypass_mode": True, "loss_type": "reinforce"}),
+    # bypass with PPO-clip (verl's default loss_type): its IS weights are metrics only; its rejection acts in the loss
+    (_verl_config({"type": "fixed", "kl_coef": 0.001}, {"bypass_mode": True, "rollout_is": "sequence", "rollout_is_threshold": 2.0,
+                                                        "rollout_rs": "token_k3", "rollout_rs_threshold": 0.01}),
+     {"kl_coef": 0.001, "kl_estimator": "k1", "kl_placement": "in_reward", "kl_controller": "fixed", "bypass_mode": True,
+      "policy_loss": "clip", "rollout_rejection": "token_k3", "rollout_rejection_max": 0.01}),
+    # bypass with REINFORCE: -w A log pi with the IS weights, and the rejection, in the loss
+    (_verl_config({"type": "fixed", "kl_coef": 0.001}, {"bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token",
+                                                        "rollout_is_threshold": 2.0}),
+     {"kl_coef": 0.001, "kl_estimator": "k1", "kl_placement": "in_reward", "kl_controller": "fixed", "bypass_mode": True,
+      "policy_loss": "reinforce", "reinforce_form": "logp", "rollout_correction": "token_truncate", "rollout_correction_max": 2.0}),
+    (_verl_config({"type": "fixed", "kl_coef": 0.001}, {"bypass_mode": True, "loss_type": "tis"}),
      {"kl_coef": 0.001, "kl_estimator": "k1", "kl_placement": "in_reward", "kl_controller": "fixed"}),
     (_verl_config({"type": "pid", "kl_coef": 0.001}, {"bypass_mode": False, "rollout_is": "token", "rollout_is_threshold": 2.0}),
      {"kl_coef": 0.001, "kl_estimator": "k1", "kl_placement": "in_reward", "rollout_correction": "token_truncate",

@@ -6,6 +6,8 @@ row, so the lens's g_run is the gradient the run stepped with. In order (each st
 function, named beside it):
 
     m      = loss_mask                                     (B, T) truncation- and rejection-masked by the caller
+    m, w   = bypass_in_loss(sg(logp), old, m)              verl bypass mode: rejection / IS weights of the
+                                                           CURRENT policy against old = the rollout's
     m      = opsm_mask(logp, old, A, m, delta)             slime OPSM (opsm_delta)
     m      = off_policy_sequence_mask(logp, s, A, m, eps)  TRL off-policy mask; s = rollout logp, else old
     l_t    = policy_loss(logp, old, A, m)_t                core.compute_policy_loss (the registered loss)
@@ -34,6 +36,7 @@ import torch
 
 from .aggregation import aggregate_loss, batch_normalizers
 from .choices import PolicyLossConfig
+from .correction import rejection_mask, rollout_correction
 from .diagnostics import token_mean_metric
 from .kl import kl_per_token
 from .masked import masked_mean
@@ -77,6 +80,11 @@ class ObjectiveConfig:
     rho in [0, 1], 1 = every token. kl_estimator / kl_coef: the in-loss KL (kl_coef 0 = none;
     a run with the KL in the reward passes 0). The entropy coefficient is an argument of
     ``policy_objective``, not a setting: adaptive entropy control changes it per update.
+    in_loss_correction / in_loss_rejection: verl's bypass mode (``compute_policy_loss_bypass_mode``),
+    where old_logp IS the rollout engine's: ``core.rollout_correction`` / ``core.rejection_mask``
+    keywords, applied per (micro-)batch to the current policy sg(logp) against old_logp (see
+    ``bypass_in_loss``); None = off (a run without bypass applies its weights and rejection before
+    the loss, against the recomputed old log-probs).
     """
 
     policy_loss: str = "clip"
@@ -87,6 +95,8 @@ class ObjectiveConfig:
     top_entropy_quantile: float = 1.0
     kl_estimator: str = "k3"
     kl_coef: float = 0.0
+    in_loss_correction: dict | None = None
+    in_loss_rejection: dict | None = None
 
 
 @dataclass
@@ -106,6 +116,25 @@ class Objective:
     kept: torch.Tensor | None
     diagnostics: PolicyDiagnostics
     metrics: dict[str, torch.Tensor]
+
+
+def bypass_in_loss(current_logp: torch.Tensor, rollout_logp: torch.Tensor, loss_mask: torch.Tensor,
+                   correction: dict | None, rejection: dict | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """verl's bypass-mode loss (``compute_policy_loss_bypass_mode`` -> ``compute_rollout_correction_and_rejection_mask``
+    with the current log-probs as "old"): both from the same incoming mask, independently,
+
+        w_t = IS weight of sg(pi_theta) / pi_rollout      (correction; None when off)
+        m_t = loss_mask_t * keep_t(sg(pi_theta), pi_rollout)   (rejection; loss_mask when off)
+
+    so the weights and the rejection follow the policy as it moves through the epochs. All (B, T);
+    current_logp is detached by the caller. Returns (m, w)."""
+    weights = None
+    if correction is not None:
+        weights, _ = rollout_correction(current_logp, rollout_logp, loss_mask, **correction)
+    m = loss_mask
+    if rejection is not None:
+        m, _ = rejection_mask(current_logp, rollout_logp, loss_mask, **rejection)
+    return m, weights
 
 
 def policy_objective(
@@ -144,6 +173,10 @@ def policy_objective(
     if cfg.kl_coef != 0.0 and ref_logp is None:
         raise ValueError(f"kl_coef={cfg.kl_coef} (an in-loss KL) needs the reference log-probs: pass ref_logp=")
     m = loss_mask
+    if cfg.in_loss_correction is not None or cfg.in_loss_rejection is not None:
+        # verl computes its normalisers before the loss (global_batch_info), so rejected tokens stay in them
+        m, in_loss_weights = bypass_in_loss(logp.detach(), old_logp, m, cfg.in_loss_correction, cfg.in_loss_rejection)
+        is_weights = in_loss_weights if in_loss_weights is not None else is_weights
     if cfg.opsm_delta is not None:
         m = opsm_mask(logp, old_logp, advantages, m, cfg.opsm_delta)
     if cfg.off_policy_mask_threshold is not None:

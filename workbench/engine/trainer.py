@@ -659,7 +659,9 @@ class Trainer:
         g_baselines = ranks.gather(baselines) if baselines is not None else None
         mine = ranks.rows(mask.shape[0])
         g_is_weights = g_keep = None
-        if correct or reject:  # over the global batch, as verl's driver: batch_normalize's mean is the whole batch's
+        # over the global batch, as verl's driver: batch_normalize's mean is the whole batch's (bypass
+        # mode: inside the loss instead, core.objective.bypass_in_loss, as verl's bypass loss)
+        if (correct or reject) and not a.bypass_mode:
             g_is_weights, g_keep = rollout_mismatch_masks(ranks.gather(old_logp), ranks.gather(out.rollout_logp), g_mask, a)
         is_weights = g_is_weights[mine] if g_is_weights is not None else None
         stats = {}
@@ -1102,7 +1104,10 @@ def objective_config(recipe: Recipe) -> ObjectiveConfig:
         policy_loss=a.policy_loss, loss=recipe.policy_loss_config(), aggregation=a.aggregation,
         opsm_delta=a.opsm_delta, off_policy_mask_threshold=a.off_policy_mask_threshold,
         top_entropy_quantile=a.top_entropy_quantile, kl_estimator=a.kl_estimator,
-        kl_coef=a.kl_coef if a.kl_placement == "in_loss" else 0.0)
+        kl_coef=a.kl_coef if a.kl_placement == "in_loss" else 0.0,
+        # bypass mode: verl corrects and rejects inside the loss, against the current policy
+        in_loss_correction=correction_settings(a) if a.bypass_mode and a.rollout_correction != "none" else None,
+        in_loss_rejection=rejection_settings(a) if a.bypass_mode and a.rollout_rejection != "none" else None)
 
 
 def correction_settings(a) -> dict[str, Any]:

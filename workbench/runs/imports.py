@@ -629,16 +629,19 @@ def verl_rollout_mismatch(config: Mapping[str, Any]) -> dict[str, Any]:
     rollout_correction {level}_truncate with that max and rollout_is_batch_normalize;
     one rollout_rs mode with its rollout_rs_threshold -> rollout_rejection and its bounds. Several
     comma-separated modes (verl keeps a token only if each keeps it) have no single recipe value
-    and are left out, as is anything that does not parse. bypass_mode=True with loss_type
-    ppo_clip (verl's default) -> bypass_mode, alone: verl's PPO-clip bypass loss applies no IS
-    weights (they are computed for its metrics only), and its rejection compares the *current*
-    log-probs with the rollout's inside the loss, which no recipe field does; bypass with
-    loss_type reinforce (REINFORCE with IS weights) has no recipe counterpart and gives nothing."""
+    and are left out, as is anything that does not parse. bypass_mode=True replaces verl's policy
+    loss with its bypass loss (``compute_policy_loss_bypass_mode``), which corrects and rejects
+    inside the loss as the recipe's bypass_mode does: loss_type ppo_clip (verl's default) ->
+    bypass_mode, policy_loss clip and the rejection (its IS weights are computed for metrics
+    only, so rollout_is gives nothing); loss_type reinforce -> bypass_mode, policy_loss reinforce
+    (reinforce_form logp: -w A log pi), the IS weights and the rejection."""
     from workbench.core.choices import IS_LEVELS, REJECTION_MODES
 
     rc = "algorithm.rollout_correction"
-    if _lookup(config, f"{rc}.bypass_mode") is True:
-        return {"algorithm.bypass_mode": True} if _lookup(config, f"{rc}.loss_type") in (None, "ppo_clip") else {}
+    bypass = _lookup(config, f"{rc}.bypass_mode") is True
+    loss_type = _lookup(config, f"{rc}.loss_type")
+    if bypass and loss_type not in (None, "ppo_clip", "reinforce"):
+        return {}
     out: dict[str, Any] = {}
     level, threshold = _lookup(config, f"{rc}.rollout_is"), _number(_lookup(config, f"{rc}.rollout_is_threshold"))
     if level in IS_LEVELS and threshold is not None and threshold > 0:
@@ -653,7 +656,12 @@ def verl_rollout_mismatch(config: Mapping[str, Any]) -> dict[str, Any]:
         out["algorithm.rollout_rejection_max"] = bounds[1]
         if bounds[0] is not None:
             out["algorithm.rollout_rejection_min"] = bounds[0]
-    return out
+    if not bypass:
+        return out
+    if loss_type == "reinforce":
+        return {"algorithm.bypass_mode": True, "algorithm.policy_loss": "reinforce", "algorithm.reinforce_form": "logp", **out}
+    return {"algorithm.bypass_mode": True, "algorithm.policy_loss": "clip",
+            **{k: v for k, v in out.items() if k.startswith("algorithm.rollout_rejection")}}
 
 
 RECIPES: dict[str, Callable[[Mapping[str, Any]], tuple[dict[str, Any], str]]] = {"trl": trl_recipe, "verl": verl_recipe}
