@@ -218,7 +218,7 @@ def test_group_size_is_checked_by_the_recipe_not_the_page(lab_home):
 
 
 def test_launch_button_needs_sign_in_and_launches_with_the_pages_settings(lab_home, monkeypatch):
-    """GSPO's eps slider and CISPO's cap reach the launched recipes; the runs are preselected on
+    """GSPO's eps inputs and CISPO's cap reach the launched recipes; the runs are preselected on
     Live / Compare and owned by the signed-in user."""
     store, _ = lab_home
     monkeypatch.setenv("WORKBENCH_PASSWORD", "s3cret")
@@ -226,14 +226,16 @@ def test_launch_button_needs_sign_in_and_launches_with_the_pages_settings(lab_ho
     from workbench.runs import cancel
 
     launched = {}
-    for key, slider, value in (("gspo", "gspo_eps_clip", 0.1), ("cispo", "cispo_cispo_high", 0.5)):
+    # each walkthrough launches its own loss with its spec's widgets (GSPO: two number inputs, CISPO: a slider)
+    for key, widgets in (("gspo", {"gspo_gspo_low": 0.1, "gspo_gspo_high": 0.12}), ("cispo", {"cispo_cispo_high": 0.5})):
         at = lab(f"walkthrough-{key}").run()
         assert at.button(key=f"{key}_launch").disabled
         assert "sign in" in " ".join(c.value for c in at.caption).lower()
         at.session_state["wb_user"], at.session_state["wb_authed"] = "erin", True
         at.run()
         assert not at.button(key=f"{key}_launch").disabled
-        at.slider(key=slider).set_value(value).run()
+        for widget, value in widgets.items():
+            next(w for kind in ("slider", "number_input") for w in at.get(kind) if w.key == widget).set_value(value).run()
         at.button(key=f"{key}_launch").click().run()
         assert not at.exception and at.success, [e.value for e in at.error]
         (run_id,) = at.session_state["compare_runs"]
@@ -241,7 +243,7 @@ def test_launch_button_needs_sign_in_and_launches_with_the_pages_settings(lab_ho
         cancel(run_id, principal=local_principal(), store=store)
     assert {k: r["created_by"] for k, r in launched.items()} == {"gspo": "erin (password)", "cispo": "erin (password)"}
     gspo, cispo = (Recipe.from_yaml(launched[k]["recipe"]).algorithm for k in ("gspo", "cispo"))
-    assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 0.1, 0.1)
+    assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 0.1, 0.12)
     assert (cispo.policy_loss, cispo.eps_low, cispo.eps_high) == ("cispo", 1.0, 0.5)
 
 

@@ -3,6 +3,7 @@ keyed by algorithm name left in a lab: every registered spec has its entry in ea
 registered by a test (with its function in the core registry) appears in the labs without a lab
 file touched."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -48,8 +49,9 @@ def test_every_registered_spec_has_its_entry_in_each_lab(home):
     assert not at.exception
     assert len(at.selectbox(key="agg_loss").options) == len(specs)
     assert {u for _, _, u in component_pages()} >= {page_url(f, n) for f in COMPONENT_FAMILIES for n in FAMILIES[f].specs}
-    ratio_pages = [w for s in specs.values() for w in s.walkthroughs if w.inputs == "ratios"]
-    assert ratio_pages and all(w.ratio_overrides for w in ratio_pages)
+    # a 'ratios' walkthrough launches its loss with its spec's region-lab widgets: each has some
+    ratio_owners = [s for s in specs.values() if any(w.inputs == "ratios" for w in s.walkthroughs)]
+    assert ratio_owners and all(s.region_lab is not None and s.region_lab.sliders for s in ratio_owners)
 
 
 def _listed(section: str) -> list[tuple[str, str]]:
@@ -113,6 +115,48 @@ def test_a_spec_registered_by_a_test_appears_in_the_labs(home):
     at = lab("lab-ppo-regions").run()
     assert "test_halved" not in FAMILIES["policy_loss"].specs
     assert "Halved clip" not in at.multiselect(key="ppo_losses").options
+
+
+def test_a_loss_with_a_ratios_walkthrough_joins_every_ratios_walkthrough(home):
+    """The ratios walkthroughs compare PPO clip with every loss whose spec carries a 'ratios'
+    walkthrough: a test's loss with one gets its column on GSPO's page, drawn with its spec's own
+    widget, and its own walkthrough page in the navigation; unregistered, both are gone."""
+    from workbench.algorithms import Walkthrough
+    from workbench.core import POLICY_LOSSES
+
+    def halved(logp, old_logp, advantages, mask, cfg):
+        """Half of the PPO clip (a test's loss)."""
+        loss, diag = POLICY_LOSSES.get("clip")(logp, old_logp, advantages, mask, cfg)
+        return 0.5 * loss, diag
+
+    def gspo_table(at):
+        return next(d.value for d in at.dataframe if "GSPO grad" in d.value.columns)
+
+    globals()["halved_for_ratios"] = halved
+    slider = LabSlider("halved_eps", "Halved eps", ("eps_low", "eps_high"), 0.0, 0.9, 0.1, 0.01)
+    spec = Spec("policy_loss", "test_halved2", "Halved clip", f"{__name__}:halved_for_ratios", ratio_curve=True,
+                level="token", region_lab=RegionLab((slider,)),
+                walkthroughs=(Walkthrough("test_halved2", "Halved clip", "grpo", "A test's loss.", inputs="ratios"),))
+    POLICY_LOSSES.register("test_halved2")(halved)
+    algorithms.register(spec)
+    try:
+        at = lab("walkthrough-gspo").run()
+        assert not at.exception
+        # log-ratios 0, 0.1, 0.5, -0.1, 2; A = 1: eps 0.1 clips the ratios above 1.1 (e^0.1 = 1.105 too);
+        # below 1 an A > 0 token keeps its gradient R A, halved
+        table = gspo_table(at)
+        assert table["Halved clip grad"].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.5 * math.exp(-0.1), 0.0])
+        assert "Halved clip" in {t["name"] for t in chart(at, "gspo_pg_fig")["data"]}
+        _widget(at, "gspo_halved_eps").set_value(0.7).run()  # now only e^2 leaves [0.3, 1.7]
+        assert gspo_table(at)["Halved clip grad"].tolist() == pytest.approx(
+            [0.5, 0.5 * math.exp(0.1), 0.5 * math.exp(0.5), 0.5 * math.exp(-0.1), 0.0])
+        assert ("walkthrough-test-halved2", "Halved clip") in _listed("Losses")
+    finally:
+        algorithms.unregister("policy_loss", "test_halved2")
+        POLICY_LOSSES.unregister("test_halved2")
+    at = lab("walkthrough-gspo").run()
+    assert "Halved clip grad" not in gspo_table(at).columns
+    assert "walkthrough-test-halved2" not in {url for url, _ in _listed("Losses")}
 
 
 def test_register_refuses_a_second_spec_and_unregister_an_unknown_name():

@@ -306,8 +306,9 @@ def test_bias_examples_by_hand():
 
 
 def test_per_token_policy_gradients_by_hand():
-    t = est.per_token_policy_gradients([0.0, 0.5], 1.0, PolicyLossConfig(0.2, 0.2), PolicyLossConfig(0.2, 0.2),
-                                       PolicyLossConfig(eps_low=1.0, eps_high=0.28))
+    t = est.per_token_policy_gradients([0.0, 0.5], 1.0, {"PPO clip": ("clip", PolicyLossConfig(0.2, 0.2)),
+                                                         "GSPO": ("gspo", PolicyLossConfig(0.2, 0.2)),
+                                                         "CISPO": ("cispo", PolicyLossConfig(eps_low=1.0, eps_high=0.28))})
     assert t["PPO clip grad"].tolist() == pytest.approx([1.0, 0.0])  # e^0.5 = 1.65 > 1.2: clipped
     assert t["GSPO ratio"].tolist() == pytest.approx([math.exp(0.25)] * 2)
     assert t["GSPO grad"].tolist() == pytest.approx([0.0, 0.0])  # s = 1.284 > 1.2: whole sequence clipped

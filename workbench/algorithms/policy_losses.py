@@ -184,8 +184,7 @@ SPECS: dict[str, Spec] = by_name(
          inert_when=at_ratio_one(*CLIP_FIELDS, what="the clip never bites"),
          walkthroughs=(Walkthrough("gspo", "GSPO", "gspo", "One length-normalised sequence ratio, clipped per sequence "
                                    "(Zheng et al. 2025).", inputs="ratios",
-                                   helpers=(f"{CORE}:sequence_log_ratio", f"{CORE}:clipped_objective"),
-                                   ratio_overrides=("algorithm.eps_low={eps}", "algorithm.eps_high={eps}")),)),
+                                   helpers=(f"{CORE}:sequence_log_ratio", f"{CORE}:clipped_objective")),)),
     Spec("policy_loss", "cispo", "CISPO", f"{CORE}:cispo_policy_loss",
          (r"\ell_t = -\operatorname{sg}\big(\operatorname{clip}(\rho_t, 1-\varepsilon_{low}, 1+\varepsilon_{high})\big) A_t \log\pi_\theta(o_t)",),
          "Clip the importance weight, not the update: every token keeps a gradient (MiniMax-M1, 2025).",
@@ -193,9 +192,7 @@ SPECS: dict[str, Spec] = by_name(
          CISPO_KNOBS, ("The weight is biased (truncated IS) but bounded.",),
          preset="cispo", level="token", ratio_curve=True, inert_when=_cispo_at_ratio_one, region_lab=CISPO_REGION,
          walkthroughs=(Walkthrough("cispo", "CISPO", "cispo", "Clip the importance weight, not the update: every token "
-                                   "keeps a gradient (MiniMax-M1, 2025).", inputs="ratios",
-                                   # the lab's weight has no lower bound, as in the preset
-                                   ratio_overrides=("algorithm.eps_low=1.0", "algorithm.eps_high={cap}")),)),
+                                   "keeps a gradient (MiniMax-M1, 2025).", inputs="ratios"),)),
     Spec("policy_loss", "reinforce", "REINFORCE (no clip)", f"{CORE}:reinforce_policy_loss",
          (r"\ell_t = -A_t \log\pi_\theta(o_t) \quad\text{or}\quad -A_t \rho_t",),
          "The plain policy gradient, no trust region (Williams 1992).",

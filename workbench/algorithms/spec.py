@@ -122,7 +122,9 @@ class Walkthrough:
     """A preset walkthrough page built around this spec (Labs navigation, ``walkthrough-<key>``):
     its title, the preset it launches (its equations are those of the preset's specs), one-line summary, input block ('rewards' | 'gae' | 'ratios') and the known biases
     it works through (empty: read from the preset's settings). ``helpers``: import paths of core
-    functions shown next to the spec's own implementation."""
+    functions shown next to the spec's own implementation. A 'ratios' walkthrough compares PPO clip
+    and every loss with a 'ratios' walkthrough, each with its spec's ``region_lab`` widgets, and
+    launches its spec's loss with the settings its widgets give (the clip's eps without them)."""
 
     key: str
     title: str
@@ -131,10 +133,6 @@ class Walkthrough:
     inputs: str = "rewards"
     biases: tuple[str, ...] = ()
     helpers: tuple[str, ...] = ()
-    #: The 'ratios' input block's sliders as recipe overrides of this walkthrough's launch: each a
-    #: ``--set`` template formatted with ``eps`` (the clip & GSPO slider) and ``cap`` (the CISPO
-    #: eps_high slider), e.g. 'algorithm.eps_high={eps}'; how the lab's sliders map to the loss's knobs.
-    ratio_overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

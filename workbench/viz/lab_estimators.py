@@ -10,7 +10,7 @@ import inspect
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -205,16 +205,17 @@ def length_bias_example(short: int = 4, long: int = 7, advantage: float = 1.0, m
 # the policy losses on one sequence
 
 
-def per_token_policy_gradients(log_ratios: Sequence[float], advantage: float, clip: PolicyLossConfig,
-                               gspo: PolicyLossConfig, cispo: PolicyLossConfig) -> pd.DataFrame:
-    """One sequence with the given per-token log-ratios log(pi/pi_old): the ratio each loss uses
-    and the gradient -dloss/dlogpi_t of PPO clip (token ratio), GSPO (sequence ratio s) and CISPO
-    (clipped stop-grad weight), each summed over tokens (no aggregation)."""
+def per_token_policy_gradients(log_ratios: Sequence[float], advantage: float,
+                               losses: Mapping[str, tuple[str, PolicyLossConfig]]) -> pd.DataFrame:
+    """One sequence with the given per-token log-ratios log(pi/pi_old) through each registered
+    policy loss of ``losses`` (label -> (name, config)): the ratio it uses ('<label> ratio': the
+    token ratio, GSPO's sequence ratio s, ...) and its gradient -dloss/dlogpi_t ('<label> grad'),
+    summed over tokens (no aggregation)."""
     d = torch.tensor([list(log_ratios)], dtype=torch.float64)
     mask = torch.ones_like(d)
     adv = torch.full_like(d, float(advantage))
     out = {"token": list(range(d.shape[1])), "log ratio": d[0].tolist()}
-    for label, name, cfg in (("PPO clip", "clip", clip), ("GSPO", "gspo", gspo), ("CISPO", "cispo", cispo)):
+    for label, (name, cfg) in losses.items():
         logp = d.clone().requires_grad_(True)
         loss, diag = compute_policy_loss(name, logp, torch.zeros_like(d), adv, mask, cfg)
         (g,) = torch.autograd.grad(-loss.sum(), logp)
@@ -223,9 +224,10 @@ def per_token_policy_gradients(log_ratios: Sequence[float], advantage: float, cl
     return pd.DataFrame(out)
 
 
-def policy_gradient_figure(table: pd.DataFrame) -> go.Figure:
+def policy_gradient_figure(table: pd.DataFrame, labels: Sequence[str]) -> go.Figure:
+    """Grouped bars of each loss's per-token gradient (the '<label> grad' columns)."""
     fig = go.Figure()
-    for label in ("PPO clip", "GSPO", "CISPO"):
+    for label in labels:
         fig.add_trace(go.Bar(x=table["token"], y=table[f"{label} grad"], name=label))
     fig.update_layout(barmode="group", xaxis_title="token t", yaxis_title="-d loss / d log pi_t", height=340, margin={"t": 30})
     return fig

@@ -8,6 +8,7 @@ from typing import Any
 
 import streamlit as st
 
+from workbench.algorithms import FAMILIES, LabSlider
 from workbench.recipe import Recipe
 from workbench.runs import RunStore
 from workbench.ui import auth
@@ -62,6 +63,33 @@ def launch_button(recipes: list[Recipe], *, key: str, label: str, group: str | N
                    "its tokens appear here as it runs.")
         return ids
     return []
+
+
+# Widgets per row for the losses' own settings (the specs' RegionLab sliders).
+SLIDERS_PER_ROW = 3
+
+
+def _spec_slider(col, s: LabSlider, key: str) -> float:
+    """One widget of a loss's own settings (a spec's LabSlider): a slider, or a number input where
+    the spec gives a format (GSPO's paper clip, 3e-4, is finer than a slider's step)."""
+    if s.number_format is not None:
+        return col.number_input(s.label, s.lo, s.hi, s.default, s.step, format=s.number_format, key=key, help=s.help or None)
+    return col.slider(s.label, s.lo, s.hi, s.default, s.step, key=key, help=s.help or None)
+
+
+def own_settings(names: list[str], prefix: str) -> dict[str, dict[str, float]]:
+    """The widgets of every policy loss in ``names`` whose spec has a ``region_lab``, in rows of
+    ``SLIDERS_PER_ROW``, keyed ``prefix + slider key`` -> {loss: config attributes it is drawn
+    with}; a loss whose spec sets nothing of its own is left out (drawn with the page's PPO-clip
+    settings)."""
+    specs = FAMILIES["policy_loss"].specs
+    labs = {n: specs[n].region_lab for n in names if specs[n].region_lab is not None}
+    sliders = [s for lab in labs.values() for s in lab.sliders]
+    values: dict[str, float] = {}
+    for row in range(0, len(sliders), SLIDERS_PER_ROW):
+        for col, s in zip(st.columns(SLIDERS_PER_ROW), sliders[row:row + SLIDERS_PER_ROW]):
+            values[s.key] = _spec_slider(col, s, prefix + s.key)
+    return {n: settings for n, lab in labs.items() if (settings := lab.settings(values))}
 
 
 def show_table(data, *, key: str, **kwargs) -> None:

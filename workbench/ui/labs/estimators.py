@@ -31,8 +31,8 @@ from workbench.core import (
 )
 from workbench.core.distillation import ADVANTAGE_SHAPINGS, DistillationConfig
 from workbench.recipe import Algorithm, Sampling, Teacher, load_recipe
-from workbench.ui.labs import merged_into, page_title, page_url
-from workbench.ui.labs._shared import launch_button, show_table
+from workbench.ui.labs import merged_into, page_title, page_url, title_of
+from workbench.ui.labs._shared import launch_button, own_settings, show_table
 from workbench.ui.nav import page as nav_page
 from workbench.viz import lab_estimators as viz
 from workbench.viz import lab_regions
@@ -52,11 +52,7 @@ class Walkthrough:
     inputs: str = "rewards"  # rewards | gae | ratios
     biases: tuple[str, ...] = ()
     extra_overrides: tuple[str, ...] = field(default_factory=tuple)
-    ratio_overrides: tuple[str, ...] = ()  # the spec's: the ratios block's sliders as --set templates
-
-    def ratio_sets(self, eps: float, cap: float) -> list[str]:
-        """The ratios block's slider values as this walkthrough's recipe overrides (its spec's templates)."""
-        return [t.format(eps=eps, cap=cap) for t in self.ratio_overrides]
+    owner: Spec | None = None  # the spec that carries it (the ratios block launches with its settings)
 
 
 # The families a preset composes, in the order its walkthrough shows their equations.
@@ -72,10 +68,12 @@ def preset_equations(preset: str) -> tuple[str, ...]:
 def _walkthrough(owner: Spec, w) -> Walkthrough:
     functions = tuple(resolve(path) for path in (owner.implementation, *owner.helpers, *w.helpers))
     return Walkthrough(w.key, w.title, w.preset, preset_equations(w.preset), tuple(dict.fromkeys(functions)),
-                       w.summary, w.inputs, w.biases, ratio_overrides=w.ratio_overrides)
+                       w.summary, w.inputs, w.biases, owner=owner)
 
 
-WALKTHROUGHS: dict[str, Walkthrough] = {key: _walkthrough(owner, w) for key, (owner, w) in walkthroughs().items()}
+def walkthrough(key: str) -> Walkthrough:
+    """The preset walkthrough ``key`` of the specs registered now (a plugin's included)."""
+    return _walkthrough(*walkthroughs()[key])
 
 
 def _rewards_block(w: Walkthrough) -> tuple[list[str], bool]:
@@ -119,27 +117,37 @@ def _gae_block(w: Walkthrough) -> tuple[list[str], bool]:
     return [f"algorithm.gamma={gamma}", f"algorithm.lam={lam}", *overrides], ok
 
 
+def ratio_walkthrough_losses() -> list[str]:
+    """The policy losses the ratios walkthroughs compare: PPO clip (the trust region the others
+    change) and every loss whose spec carries a walkthrough with the ratios input block, in
+    registry order (a plugin's loss with one joins every ratios walkthrough)."""
+    specs = FAMILIES["policy_loss"].specs
+    return [n for n, s in specs.items() if n == "clip" or any(w.inputs == "ratios" for w in s.walkthroughs)]
+
+
 def _ratios_block(w: Walkthrough) -> tuple[list[str], bool]:
     text = st.text_input("Per-token log-ratios log(pi/pi_old) of one sequence", "0.0, 0.1, 0.5, -0.1, 2.0", key=f"{w.key}_lr")
-    c1, c2, c3 = st.columns(3)
-    adv = c1.slider("Advantage A", -2.0, 2.0, 1.0, 0.1, key=f"{w.key}_A")
-    eps = c2.slider("eps (clip & GSPO)", 0.0, 0.5, 0.2, 0.01, key=f"{w.key}_eps_clip",
-                    help="eps_low = eps_high = eps; the GSPO paper uses 3e-4 / 4e-4 on its sequence ratio")
-    cap = c3.slider("CISPO eps_high", 0.0, 4.0, 0.28, 0.01, key=f"{w.key}_cispo_high")
+    adv = st.slider("Advantage A", -2.0, 2.0, 1.0, 0.1, key=f"{w.key}_A")
+    names = ratio_walkthrough_losses()
+    eps = st.slider("eps (PPO clip)", 0.0, 0.5, 0.2, 0.01, key=f"{w.key}_eps_clip", help="eps_low = eps_high = eps")
+    clip = PolicyLossConfig(eps, eps)
+    own = own_settings(names, f"{w.key}_")  # each compared loss's own widgets, as the PPO-region lab draws it
     try:
-        table = viz.per_token_policy_gradients(viz.parse_numbers(text, "log-ratios"), adv, PolicyLossConfig(eps, eps),
-                                               PolicyLossConfig(eps, eps), PolicyLossConfig(eps_low=1.0, eps_high=cap))
+        configs = {n: PolicyLossConfig(**own[n]) if n in own else clip for n in names}
+        table = viz.per_token_policy_gradients(viz.parse_numbers(text, "log-ratios"), adv,
+                                               {title_of("policy_loss", n): (n, configs[n]) for n in names})
     except ValueError as err:
         st.error(str(err))
         return [], False
     show_table(table, key=f"{w.key}_pg_table")
-    st.plotly_chart(viz.policy_gradient_figure(table), key=f"{w.key}_pg_fig")
-    st.caption("PPO clip zeroes the gradient of each token outside its trust region; GSPO clips the whole sequence on "
-               "its geometric-mean ratio s (one outlier token moves s only by 1/|o|); CISPO clips the weight but every "
-               "token keeps a gradient.")
+    st.plotly_chart(viz.policy_gradient_figure(table, [title_of("policy_loss", n) for n in names]), key=f"{w.key}_pg_fig")
+    st.caption(" ".join(FAMILIES["policy_loss"].specs[n].fixes for n in names))
     st.markdown("**Advantages of all estimators on one group**")
     overrides, ok = _rewards_block(w)
-    return [*overrides, *w.ratio_sets(eps, cap)], ok
+    # the launched run takes this walkthrough's own loss with the settings it is drawn with here
+    mine = own.get(w.owner.name) if w.owner is not None else None
+    drawn = mine if mine else {"eps_low": clip.eps_low, "eps_high": clip.eps_high}
+    return [*overrides, *(f"algorithm.{knob}={value}" for knob, value in drawn.items())], ok
 
 
 INPUT_BLOCKS = {"rewards": _rewards_block, "gae": _gae_block, "ratios": _ratios_block}
@@ -179,7 +187,7 @@ def _biases(w: Walkthrough) -> None:
 
 
 def render_walkthrough(key: str) -> None:
-    w = WALKTHROUGHS[key]
+    w = walkthrough(key)
     st.title(f"Walkthrough: {w.title}")
     st.caption(w.summary)
     for eq in w.equations:
@@ -203,17 +211,6 @@ def render_walkthrough(key: str) -> None:
         return
     launch_button([recipe], key=f"{w.key}_launch", label=f"Launch a 20-step {w.title} run with these settings")
 
-
-def _page(key: str) -> Callable[[], None]:
-    def render() -> None:
-        render_walkthrough(key)
-
-    render.__name__ = f"render_{key}"
-    return render
-
-
-PAGES: list[tuple[Callable[[], None], str, str]] = [(_page(k), f"Walkthrough: {w.title}", f"walkthrough-{k.replace('_', '-')}")
-                                                    for k, w in WALKTHROUGHS.items()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench.algorithms import FAMILIES, LabSlider
+from workbench.algorithms import FAMILIES
 from workbench.core import PolicyLossConfig
 from workbench.recipe import load_recipe
 from workbench.ui.labs import title_of
-from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, pick_runs, run_recipe, show_table
+from workbench.ui.labs._shared import diagnostics_by_step, launch_button, open_store, own_settings, pick_runs, run_recipe, show_table
 from workbench.viz import lab_regions as viz
-
-# Widgets per row for the losses' own settings (the specs' RegionLab sliders).
-SLIDERS_PER_ROW = 3
-
 
 def ratio_curve_losses() -> list[str]:
     """Policy losses whose spec has ``ratio_curve`` (a token's loss is a function of its ratio alone), in registry order."""
@@ -27,28 +23,6 @@ def drawn_at_first(names: list[str]) -> list[str]:
     return [n for n in names if specs[n].region_lab is not None and specs[n].region_lab.drawn]
 
 
-def _slider(col, s: LabSlider) -> float:
-    """One widget of a loss's own settings, keyed 'ppo_<key>'."""
-    if s.number_format is not None:
-        return col.number_input(s.label, s.lo, s.hi, s.default, s.step, format=s.number_format, key=f"ppo_{s.key}",
-                                help=s.help or None)
-    return col.slider(s.label, s.lo, s.hi, s.default, s.step, key=f"ppo_{s.key}", help=s.help or None)
-
-
-def own_settings(names: list[str]) -> dict[str, dict[str, float]]:
-    """The widgets of every loss in ``names`` whose spec's ``region_lab`` has sliders, in rows of
-    ``SLIDERS_PER_ROW`` -> {loss: config attributes it is drawn with}; a loss whose spec sets
-    nothing of its own is left out (drawn with the page's PPO-clip settings)."""
-    specs = FAMILIES["policy_loss"].specs
-    labs = {n: specs[n].region_lab for n in names if specs[n].region_lab is not None}
-    sliders = [s for lab in labs.values() for s in lab.sliders]
-    values: dict[str, float] = {}
-    for row in range(0, len(sliders), SLIDERS_PER_ROW):
-        for col, s in zip(st.columns(SLIDERS_PER_ROW), sliders[row:row + SLIDERS_PER_ROW]):
-            values[s.key] = _slider(col, s)
-    return {n: settings for n, lab in labs.items() if (settings := lab.settings(values))}
-
-
 def _analytic() -> None:
     st.subheader("Analytic: objective and gradient against the ratio")
     c1, c2, c3, c4 = st.columns(4)
@@ -58,7 +32,7 @@ def _analytic() -> None:
     c = c3.slider("c", 1.05, 5.0, 2.0, 0.05, key="ppo_c", disabled=not use_c)
     adv = c4.slider("|A|", 0.1, 3.0, 1.0, 0.1, key="ppo_adv")
     names = ratio_curve_losses()
-    own = own_settings(names)
+    own = own_settings(names, "ppo_")
     try:  # the config checks its own fields (clip_c > 1 + eps_high) and names them
         cfg = PolicyLossConfig(eps_low=eps_low, eps_high=eps_high, clip_c=c if use_c else None)
     except ValueError as err:
