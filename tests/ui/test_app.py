@@ -17,8 +17,9 @@ def test_app_opens_on_launch_with_every_section(home):
     sections = page_specs()
     # the labs grouped in the order a learner takes them (one "Labs" list showed 5 of 34, "View 29 more")
     assert list(sections) == ["Workbench", "Concepts", "Estimators", "Losses", "Experiments"]
-    assert [p.title for p in sections["Workbench"]] == ["Launch", "Runs", "Live / Compare", "Export", "Settings", "Audit"]
-    assert [p.url_path for p in sections["Workbench"]] == ["launch", "runs", "compare", "export", "settings", "audit"]
+    assert [p.title for p in sections["Workbench"]] == ["Launch", "Runs", "Live / Compare", "Export", "Settings", "Audit",
+                                                        "API tokens"]
+    assert [p.url_path for p in sections["Workbench"]] == ["launch", "runs", "compare", "export", "settings", "audit", "tokens"]
     labs = [p for name, pages in sections.items() if name != "Workbench" for p in pages]
     assert sorted(p.url_path for p in labs) == sorted(url for _, _, url in lab_pages())  # every lab page, once
     assert [p.url_path for p in sections["Experiments"]] == ["lab-lens", "lab-experiments"]

@@ -417,7 +417,7 @@ def _cmd_tokens(args) -> None:
 
     from workbench.runs.apitokens import create_token, list_tokens, revoke_token
     from workbench.runs.roles import cli_principal
-    from workbench.runs.tokens import TokenError
+    from workbench.runs.tokens import TOKEN_COLUMNS, TokenError, token_row
     principal = cli_principal()
     if args.action == "create":
         if not args.user:
@@ -428,13 +428,10 @@ def _cmd_tokens(args) -> None:
         print(f"WORKBENCH_TOKEN={secret}")
         print("(shown once: it is not stored, only its hash)")
     elif args.action == "list":
-        def when(at):
-            return "-" if at is None else f"{dt.datetime.fromtimestamp(at, dt.timezone.utc):%Y-%m-%d %H:%M}"
-        listed = list_tokens(principal)  # authorised before anything is printed
-        print("id\tuser\trole\tlabel\tcreated_by\tcreated\texpires\tlast_used\trevoked")
+        listed, now = list_tokens(principal), time.time()  # authorised before anything is printed
+        print("\t".join(TOKEN_COLUMNS))
         for t in listed:
-            print("\t".join([t.id, t.user_name, t.role, t.label, t.created_by, when(t.created_at),
-                             when(t.expires_at), when(t.last_used_at), when(t.revoked_at)]))
+            print("\t".join(token_row(t, now)))
     else:
         if not args.id:
             raise TokenError("tokens revoke needs the token ID (see: python -m workbench tokens list)")

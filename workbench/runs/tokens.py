@@ -10,6 +10,7 @@ and the service call these functions.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import math
@@ -89,3 +90,24 @@ def unusable_reason(record: TokenRecord | None, now: float) -> str | None:
     if now >= record.expires_at:
         return f"{TOKEN_ENV} (token {record.id}) expired"
     return None
+
+
+#: The columns a token is listed with (``python -m workbench tokens list`` and the Tokens page).
+TOKEN_COLUMNS = ("id", "user", "role", "label", "created_by", "created", "expires", "last_used", "revoked", "status")
+
+
+def _utc(at: float | None) -> str:
+    return "-" if at is None else f"{dt.datetime.fromtimestamp(at, dt.timezone.utc):%Y-%m-%d %H:%M}"
+
+
+def token_status(record: TokenRecord, now: float) -> str:
+    """'revoked', 'expired' or 'active' (a revoked token that also expired says revoked)."""
+    if record.revoked_at is not None:
+        return "revoked"
+    return "expired" if now >= record.expires_at else "active"
+
+
+def token_row(record: TokenRecord, now: float) -> tuple[str, ...]:
+    """One token as ``TOKEN_COLUMNS`` (times in UTC, minutes), never its hash."""
+    return (record.id, record.user_name, record.role, record.label, record.created_by, _utc(record.created_at),
+            _utc(record.expires_at), _utc(record.last_used_at), _utc(record.revoked_at), token_status(record, now))

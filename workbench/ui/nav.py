@@ -47,6 +47,7 @@ def page_specs() -> dict[str, list[PageSpec]]:
             PageSpec(_render("export_page"), "Export", "export", ":material/download:"),
             PageSpec(_render("settings_page"), "Settings", "settings", ":material/settings:"),
             PageSpec(_render("audit_page"), "Audit", "audit", ":material/policy:"),  # admins only (the service says)
+            PageSpec(_render("tokens_page"), "API tokens", "tokens", ":material/key:"),  # admins only (the service says)
         ],
     }
     return sections | lab_sections()
