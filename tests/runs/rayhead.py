@@ -35,6 +35,7 @@ class RayHead:
     dashboard_port: int
     temp_dir: Path
     log: Path
+    token: str | None = None  # the cluster's token when it runs with Ray's token authentication
 
     @property
     def address(self) -> str:
@@ -48,7 +49,8 @@ class RayHead:
     def client(self):
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(f"http://{self.address}")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        return JobSubmissionClient(f"http://{self.address}", headers=headers)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -79,9 +81,12 @@ def ray_executable() -> str:
     return str(path)
 
 
-def start_head(workdir: Path, env: dict[str, str] | None = None) -> RayHead:
+def start_head(workdir: Path, env: dict[str, str] | None = None, token: str | None = None) -> RayHead:
     """Start a head with ``HEAD_CPUS`` CPUs on free 127.0.0.1 ports (its log in ``workdir``); return
-    once its Jobs API answers."""
+    once its Jobs API answers. ``token``: the head runs with Ray's token authentication
+    (RAY_AUTH_MODE=token) and this token; only requests that carry it are answered."""
+    if token is not None:
+        env = {**(env or {}), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     ray = ray_executable()
     # Ray's sockets live under --temp-dir/session_<date>_<pid>/sockets/: a pytest tmp_path is too long
     # for them (AF_UNIX paths are at most 107 bytes), so the head gets a short folder of its own
@@ -97,7 +102,7 @@ def start_head(workdir: Path, env: dict[str, str] | None = None) -> RayHead:
     log = workdir / "ray-head.log"
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                                start_new_session=True, env={**os.environ, **(env or {})})
-    head = RayHead(process, dashboard, temp_dir, log)
+    head = RayHead(process, dashboard, temp_dir, log, token)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if process.poll() is not None:

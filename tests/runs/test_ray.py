@@ -7,6 +7,7 @@ a third run of a group waits PENDING in Ray's queue until a slot frees.
 """
 
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -250,3 +251,50 @@ def test_group_queues_beyond_the_slots_cancel_frees_one_and_resume_continues(hea
     events = events_of(Path(resumed["run_dir"]) / "events.jsonl")
     assert [e["step"] for e in events if e["kind"] == "resume"] == [2]
     assert store.get_run(first)["events_offset"] == (Path(resumed["run_dir"]) / "events.jsonl").stat().st_size
+
+
+# -- Ray's token authentication ---------------------------------------------------------------------
+def test_a_cluster_with_token_authentication_takes_the_token_file_and_refuses_without_it(store, tmp_path):
+    """A head started with RAY_AUTH_MODE=token: without a token, and with a wrong one, the launch is
+    refused in one line saying what to set, and no job reaches the cluster; a token file readable by
+    others is refused before any request; with ray.token_file (chmod 600) a run trains to its end
+    and the store has every step."""
+    token = secrets.token_hex(32)
+    (tmp_path / "secured").mkdir()
+    secured = start_head(tmp_path / "secured", token=token)
+    try:
+        recipe = load_recipe("grpo", ["train.steps=2"])
+        for token_file, reason in ((None, "Missing authentication token"), ("wrong", "Invalid authentication token")):
+            fields = {}
+            if token_file:
+                (tmp_path / "wrong.token").write_text("x" * 64)
+                (tmp_path / "wrong.token").chmod(0o600)
+                fields["token_file"] = str(tmp_path / "wrong.token")
+            with pytest.raises(LaunchError) as err:
+                launch(recipe, target="ray", store=store, settings=cluster(secured, **fields), principal=ME)
+            message = str(err.value)
+            assert message.startswith(f"Ray cluster at http://{secured.address} refused the request while submitting run ")
+            assert reason in message and "set ray.token_file in Settings" in message and "\n" not in message
+            assert token not in message
+        assert secured.client().list_jobs() == [j for j in secured.client().list_jobs() if j.entrypoint == "true"]
+
+        token_file = tmp_path / "ray.token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o644)
+        with pytest.raises(ConfigError, match=rf"^ray.token_file='{token_file}' is readable by group or others; chmod 600 it"):
+            launcher_for("ray", cluster(secured, token_file=str(token_file)))
+        token_file.chmod(0o600)
+        settings = cluster(secured, token_file=str(token_file))
+        run_id = launch(recipe, target="ray", store=store, settings=settings, principal=ME)
+        assert wait(run_id, store=store, settings=settings, poll_s=0.3, timeout_s=240) == "finished"
+        assert store.metrics([run_id]).step.tolist() == [0, 1]
+        assert job_status_when_over(secured, f"wb-{run_id}-1") == "SUCCEEDED"
+    finally:
+        ray_jobs.stop_followers()
+        secured.stop()
+
+
+def test_the_token_file_setting_is_a_path_never_a_token():
+    with pytest.raises(ValueError, match=r"token_file='relative/token' is not allowed; an absolute path"):
+        RayCluster(token_file="relative/token")
+    assert RayCluster(token_file=" ~/.ray/auth_token ").token_file == "~/.ray/auth_token"

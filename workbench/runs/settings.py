@@ -142,6 +142,8 @@ class RayCluster(_Strict):
     """GPUs Ray reserves for each run (entrypoint_num_gpus; 0: the run trains on the CPU)."""
     runtime_env: dict = Field(default_factory=dict)
     """Ray runtime environment of every job (pip, conda, working_dir, py_modules, env_vars ...), admin-written; the workbench adds its own env_vars."""
+    token_file: str = ""
+    """For a cluster with Ray's token authentication (RAY_AUTH_MODE=token): the path, on this machine, of a file holding the cluster's token (chmod 600, as ssh wants a key), sent as 'Authorization: Bearer' with every Jobs API request. The settings hold the path, never the token. Empty: Ray's own sources in the app's environment (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), or none."""
 
     @field_validator("address")
     @classmethod
@@ -149,6 +151,14 @@ class RayCluster(_Strict):
         if value.strip():
             ray_jobs_url(value)
         return value.strip()
+
+    @field_validator("token_file")
+    @classmethod
+    def _token_file(cls, value: str) -> str:
+        text = value.strip()
+        if text and (any(c in text for c in "\n\r\0") or not (text.startswith("/") or text.startswith("~"))):
+            raise ValueError(f"token_file={value!r} is not allowed; an absolute path (or ~/...) on this machine, one line")
+        return text
 
     @field_validator("python", "workdir")
     @classmethod

@@ -82,6 +82,31 @@ class _UnknownJob(LaunchError):
     """The cluster has no record of the job (never submitted, or the head was restarted since)."""
 
 
+TOKEN_HINT = ("set ray.token_file in Settings to a file holding the cluster's token (Ray token authentication), or "
+              "RAY_AUTH_MODE=token with RAY_AUTH_TOKEN_PATH in the app's environment")
+
+
+def token_headers(cluster: RayCluster) -> dict[str, str]:
+    """``{"Authorization": "Bearer TOKEN"}`` from ``ray.token_file`` (read at each launcher's start, so
+    a rotated token is picked up), or {} without one (Ray's client then uses its own sources).
+    ConfigError naming ray.token_file when the file cannot be read, is readable by group or others
+    (as ssh refuses such a key) or holds no token."""
+    if not cluster.token_file:
+        return {}
+    where = f"ray.token_file={cluster.token_file!r}"
+    path = Path(cluster.token_file).expanduser()
+    try:
+        if path.stat().st_mode & 0o077:
+            raise ConfigError(f"{where} is readable by group or others; chmod 600 it (it holds the cluster's token)")
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{where} cannot be read ({getattr(err, 'strerror', None) or type(err).__name__}); "
+                          "give the path of a file holding the cluster's token") from None
+    if not token or not token.isprintable() or any(c.isspace() for c in token):
+        raise ConfigError(f"{where} holds no token (one line of printable characters without spaces)")
+    return {"Authorization": f"Bearer {token}"}
+
+
 def ray_address(target: str, cluster: RayCluster) -> str:
     """The Jobs API URL of a target: ``ray://HOST[:PORT]`` -> ``http://HOST:PORT``; ``ray`` -> the
     settings' ``ray.address``. ConfigError naming the field, the value and what is allowed."""
@@ -251,16 +276,16 @@ def _keep(key: tuple[str, str], stream: _Follower | _EventStream) -> None:
 
 
 # -- the Jobs client ---------------------------------------------------------------------------------
-_clients: dict[str, Any] = {}
+_clients: dict[tuple[str, str], Any] = {}  # (url, Authorization header) -> client
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ray-jobs")
 
 
-def _new_client(url: str):
+def _new_client(url: str, headers: dict[str, str]):
     from ray.job_submission import JobSubmissionClient  # ~0.6 s: only where a Ray target is used
 
     # the client logs every closed log stream at INFO on stderr (`runs ... --wait` would print them)
     logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
-    return JobSubmissionClient(url)
+    return JobSubmissionClient(url, headers=headers or None)
 
 
 @LAUNCHERS.register("ray")
@@ -283,6 +308,7 @@ class RayLauncher(Launcher):
         self.url = ray_address(target, self.cluster)
         if importlib.util.find_spec("ray") is None:  # no import: that is ~0.6 s, paid at the first request
             raise ConfigError(INSTALL_HINT)
+        self.headers = token_headers(self.cluster)
 
     # -- requests ----------------------------------------------------------------------------------
     def _url(self, run: dict) -> str:
@@ -294,10 +320,17 @@ class RayLauncher(Launcher):
         saying what failed (``_UnknownJob`` for a job the cluster does not know)."""
 
         def request():
-            client = _clients.get(url)
-            if client is None:
-                client = _clients[url] = _new_client(url)
-            return fn(client, *args, **kwargs)
+            from ray.exceptions import AuthenticationError  # loaded with the client: no extra cost
+
+            key = (url, self.headers.get("Authorization", ""))  # a rotated token gets a client of its own
+            try:
+                client = _clients.get(key)
+                if client is None:
+                    client = _clients[key] = _new_client(url, self.headers)
+                return fn(client, *args, **kwargs)
+            except AuthenticationError as err:  # a cluster with token authentication: missing / wrong token
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise LaunchError(f"Ray cluster at {url} refused the request while {what} ({reason}); {TOKEN_HINT}") from None
 
         future = _pool.submit(request)
         try:
@@ -310,6 +343,8 @@ class RayLauncher(Launcher):
             raise LaunchError(f"Ray cluster at {url} is unreachable while {what} ({type(err).__name__}); check that "
                               "its head runs and that the address names its dashboard (Jobs API) port, 8265 by "
                               "default, not Ray Client's 10001") from None
+        except LaunchError:  # said already (a refused token)
+            raise
         except RuntimeError as err:  # the Jobs client's "Request failed with status code N: ..."
             if "status code 404" in str(err):
                 raise _UnknownJob(f"Ray cluster at {url} has no such job ({what}): {err}") from None
