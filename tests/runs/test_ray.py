@@ -277,6 +277,7 @@ def test_a_cluster_with_token_authentication_takes_the_token_file_and_refuses_wi
             assert reason in message and "set ray.token_file in Settings" in message and "\n" not in message
             assert token not in message
         assert secured.client().list_jobs() == [j for j in secured.client().list_jobs() if j.entrypoint == "true"]
+        assert store.list_runs().empty  # a target that cannot take the run leaves nothing in the store
 
         token_file = tmp_path / "ray.token"
         token_file.write_text(token + "\n")
@@ -298,3 +299,19 @@ def test_the_token_file_setting_is_a_path_never_a_token():
     with pytest.raises(ValueError, match=r"token_file='relative/token' is not allowed; an absolute path"):
         RayCluster(token_file="relative/token")
     assert RayCluster(token_file=" ~/.ray/auth_token ").token_file == "~/.ray/auth_token"
+
+
+def test_a_two_process_run_is_one_job_whose_ranks_agree(head, store):
+    """num_processes=2 on the cluster: one job reserving both CPUs runs ``accelerate launch`` with
+    two processes on a free rendezvous port; the run finishes with every step once and both ranks
+    end on the same parameters (their digests equal)."""
+    settings = cluster(head, num_cpus=2)
+    run_id = launch(load_recipe("grpo", ["train.steps=2"]), target="ray", num_processes=2, store=store,
+                    settings=settings, principal=ME)
+    assert wait(run_id, store=store, settings=settings, poll_s=0.3, timeout_s=300) == "finished"
+    run = store.get_run(run_id)
+    assert store.metrics([run_id]).step.tolist() == [0, 1]
+    info = head.client().get_job_info(f"wb-{run_id}-1")
+    assert "--num_processes 2" in info.entrypoint and "WB_PORT" in info.entrypoint
+    run_dir = Path(run["run_dir"])
+    assert (run_dir / "params.rank0.sha256").read_text() == (run_dir / "params.rank1.sha256").read_text()
