@@ -11,18 +11,24 @@ from workbench.engine.trainer import Trainer
 from workbench.recipe import load_recipe
 
 
-def test_reinforce_pp_with_token_rejection_whitens_over_kept_tokens(wb_home, few_problems, tmp_path):
-    """Rollout log-probs raised by 0.1 on every token and by 0.5 on token 1: token_k1 with max
-    e^0.25 rejects token 1 only (+ float noise ~1e-6 between generation and the trainer's forward)."""
+def holed_step(few_problems, tmp_path):
+    """A reinforce_pp trainer with token_k1 rejection at max e^0.25 and its step-0 rollout, whose
+    rollout log-probs are raised by 0.1 on every token and by 0.5 on token 1: token 1 alone is
+    rejected (+ float noise ~1e-6 between generation and the trainer's forward). -> (trainer, rollout, positions)."""
     recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0",
                                   "algorithm.rollout_rejection=token_k1", f"algorithm.rollout_rejection_max={math.exp(0.25)}",
                                   "train.threads=1"])
     t = Trainer(recipe, tmp_path)
     t.setup()
     _, out = t.rollout(0)
+    position = torch.arange(out.completion_mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
+    out.rollout_logp = out.rollout_logp + torch.where(position == 1, 0.5, 0.1) * out.completion_mask
+    return t, out, position
+
+
+def test_reinforce_pp_with_token_rejection_whitens_over_kept_tokens(wb_home, few_problems, tmp_path):
+    t, out, position = holed_step(few_problems, tmp_path)
     mask = out.completion_mask
-    position = torch.arange(mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
-    out.rollout_logp = out.rollout_logp + torch.where(position == 1, 0.5, 0.1) * mask
     rewards = torch.linspace(0.0, 1.0, mask.shape[0])
     batch, _ = t.prepare_batch(out, rewards)
     kept = (mask * (position != 1)).bool()
@@ -45,16 +51,8 @@ def test_the_lens_rows_see_the_runs_rejection(wb_home, few_problems, tmp_path):
     without the keep-mask differs from it."""
     from workbench.engine.lens import lens_advantages
 
-    recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0",
-                                  "algorithm.rollout_rejection=token_k1", f"algorithm.rollout_rejection_max={math.exp(0.25)}",
-                                  "train.threads=1"])
-    t = Trainer(recipe, tmp_path)
-    t.setup()
-    _, out = t.rollout(0)
-    mask = out.completion_mask
-    position = torch.arange(mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
-    out.rollout_logp = out.rollout_logp + torch.where(position == 1, 0.5, 0.1) * mask
-    batch, g = t.prepare_batch(out, torch.linspace(0.0, 1.0, mask.shape[0]))
+    t, out, _ = holed_step(few_problems, tmp_path)
+    batch, g = t.prepare_batch(out, torch.linspace(0.0, 1.0, out.completion_mask.shape[0]))
     assert g.keep is not None and (g.keep * g.mask).sum() < g.mask.sum()
     rows = lens_advantages(g.rewards, g.mask, t.advantage_config(), kl=g.kl, keep=g.keep)
     torch.testing.assert_close(rows["reinforce_pp"], batch.advantages, rtol=0, atol=0)
