@@ -80,3 +80,25 @@ def test_a_members_token_cancels_their_own_app_launched_run_and_not_anothers(ful
     own = _cli(tmp_path, "runs", "cancel", "adas", token=secret)
     assert own.returncode == 0, own.stderr
     assert store.get_run("adas").status == "cancelled"
+
+
+def test_an_expired_token_stops_the_real_cli_and_its_list_says_expired(tmp_path, monkeypatch):
+    """A token issued ten days ago for one day (the service's clock set back at issue) is refused by
+    the CLI with one line naming WORKBENCH_TOKEN and 'expired', exit 2, nothing printed; the
+    admin's list marks it expired."""
+    import time
+
+    from workbench.runs import RunStore
+    from workbench.runs.apitokens import create_token
+    from workbench.runs.authz import Principal
+
+    monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
+    monkeypatch.delenv("WORKBENCH_DB", raising=False)
+    secret, record = create_token(Principal("root", "admin", "test"), user="ada@example.org", role="member", days=1,
+                                  store=RunStore(), now=time.time() - 10 * 86400)
+    expired = _cli(tmp_path, "runs", "list", token=secret)
+    assert expired.returncode == 2 and expired.stdout == ""
+    assert expired.stderr.strip() == f"error: WORKBENCH_TOKEN (token {record.id}) expired"
+    listed = _cli(tmp_path, "tokens", "list")
+    row = next(line.split("\t") for line in listed.stdout.splitlines() if line.startswith(record.id))
+    assert row[-1] == "expired" and secret not in listed.stdout
