@@ -30,6 +30,7 @@ from workbench.runs.apitokens import create_token
 from workbench.runs.authz import PermissionDenied, local_principal, local_user_name
 from workbench.runs.database import dispose_engines, engine_for, store_url
 from workbench.runs.dbtools import copy_database
+from workbench.runs.migrate import HEAD
 from workbench.runs.records import RunError
 from workbench.runs.schema import metadata
 from workbench.runs.service import record_event
@@ -162,7 +163,7 @@ def test_sqlite_to_postgres_and_back_keeps_every_row_and_the_verdicts(run_cli, s
     status = run_cli(home, "db", "status", "--url", pg_with_password)
     assert status.returncode == 0, status.stderr
     assert status.stdout.splitlines()[:3] == ["backend   postgresql", f"url       {pg.replace('workbench@', 'workbench:***@')}",
-                                              "revision  0003 (code's head 0003: current)"]
+                                              f"revision  {HEAD} (code's head {HEAD}: current)"]
     counts = dict(line.split() for line in status.stdout.splitlines()[3:])
     assert counts["runs"] == str(len(original["runs"]) + 1) and counts["audit"] == str(before + 1)
 
@@ -221,22 +222,22 @@ def test_status_and_upgrade_of_a_store_made_before_alembic(run_cli, source, tmp_
         db.executescript(BEFORE_ALEMBIC.read_text())
     status = run_cli(home, "db", "status", "--url", str(path))
     assert status.returncode == 0, status.stderr
-    assert status.stdout.splitlines()[2] == "revision  - (code's head 0003: behind: run `python -m workbench db upgrade`)"
+    assert status.stdout.splitlines()[2] == f"revision  - (code's head {HEAD}: behind: run `python -m workbench db upgrade`)"
     assert "  audit                 -" in status.stdout.splitlines()  # the table 0002 adds is not there yet
     assert "  api_tokens            -" in status.stdout.splitlines()  # nor 0003's
     up = run_cli(home, "db", "upgrade", "--url", str(path))
-    assert (up.returncode, up.stdout) == (0, "none -> 0003\n"), up.stderr
+    assert (up.returncode, up.stdout) == (0, f"none -> {HEAD}\n"), up.stderr
     again = run_cli(home, "db", "upgrade", "--url", str(path))
-    assert (again.returncode, again.stdout) == (0, "0003 -> 0003 (already at head)\n"), again.stderr
+    assert (again.returncode, again.stdout) == (0, f"{HEAD} -> {HEAD} (already at head)\n"), again.stderr
     entries = RunStore(path).audit_entries(action="db_upgrade")
-    assert [(e.actor, e.role, e.detail) for e in entries] == [(local_user_name(), "admin", "none -> 0003")]
+    assert [(e.actor, e.role, e.detail) for e in entries] == [(local_user_name(), "admin", f"none -> {HEAD}")]
     # a command that does not train imports no torch (its own process: this one has torch loaded by other tests)
     code = (f"import sys\nfrom workbench.cli import main\ncode = main(['db', 'status', '--url', {str(path)!r}])\n"
             "print(code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
                          "WORKBENCH_HOME": str(home)}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "revision  0003 (code's head 0003: current)" in out.stdout and out.stdout.splitlines()[-1] == "0 False"
+    assert f"revision  {HEAD} (code's head {HEAD}: current)" in out.stdout and out.stdout.splitlines()[-1] == "0 False"
 
 
 def test_a_nan_stays_nan_between_postgres_databases_and_is_refused_by_sqlite(postgres_server, tmp_path):

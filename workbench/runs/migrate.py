@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-HEAD = "0003"  # the newest revision in migrations/versions (a test checks it is Alembic's head)
+HEAD = "0004"  # the newest revision in migrations/versions (a test checks it is Alembic's head)
 VERSION_TABLE = "alembic_version"  # where Alembic keeps a store's revision
 
 

@@ -54,6 +54,9 @@ runs = sa.Table(
     sa.Column("arm", sa.Text),
     sa.Column("seed", BIGINT),
     sa.Column("sweep", sa.Text, nullable=False, server_default="{}"),
+    # +1 whenever the run's metric rows change other than by a row past its last step (a resume
+    # drops the steps it redoes): a reader keeping decoded rows then re-reads the run (metrics_cache)
+    sa.Column("metrics_generation", BIGINT, nullable=False, server_default=sa.text("0")),
     sa.Index("runs_status", "status"),
     sa.Index("runs_grp", "grp"),
     # seeds are unique per arm of a group (a store made before this index may lack it: see RunStore)

@@ -49,7 +49,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import orjson
 import pandas as pd
@@ -320,9 +320,7 @@ class RunStore:
             raise RunError(f"status={status!r} is not allowed; one of: {', '.join(STATUSES)}")
         rows = [r for r in self.runs([status] if status else None)
                 if (group is None or r.group == group) and (tag is None or tag in r.tags)]
-        frame = pd.DataFrame([{c: getattr(r, c) for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
-        frame = frame.astype({"seed": "Int64"})  # a run of an older file may have no known seed: <NA>, not 0.0
-        return frame.iloc[::-1].reset_index(drop=True)
+        return runs_frame(rows[::-1])
 
     def groups(self) -> pd.DataFrame:
         created = sa.func.min(R.created_at).label("created_at")
@@ -523,26 +521,34 @@ class RunStore:
     # -- queries for plots ---------------------------------------------------------------------
     def metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
         """One row per (run, step): ``run_id``, ``step``, ``time`` and every logged metric."""
-        rows = self._payload_rows("metrics", list(run_ids))
-        if not rows:
-            return pd.DataFrame(columns=["run_id", "step", "time"])
-        # one JSON array decoded at once and the key columns built apart: per-row json.loads and
-        # dict merging took ~40% of reading 30 runs x 1,000 steps
-        values = pd.DataFrame.from_records(decode_json_array([r.data for r in rows]))
-        keys = pd.DataFrame({"run_id": [r.run_id for r in rows],
-                             "step": pd.Series([r.step for r in rows], dtype="int64"),
-                             "time": [r.time for r in rows]})
-        return pd.concat([keys, values.drop(columns=[c for c in keys.columns if c in values.columns])], axis=1)
+        return _metrics_frame(self._payload_rows("metrics", list(run_ids)))
+
+    def metrics_after(self, after: Mapping[str, int]) -> pd.DataFrame:
+        """``metrics`` of the runs in ``after`` (run id -> step), each at steps past its step only."""
+        if not after:
+            return _metrics_frame([])
+        table = payloads["metrics"]
+        query = (sa.select(table.c.run_id, table.c.step, table.c.time, table.c.data)
+                 .where(sa.or_(*(sa.and_(table.c.run_id == run_id, table.c.step > int(step))
+                                 for run_id, step in after.items())))
+                 .order_by(table.c.run_id, table.c.step))
+        with self._read() as conn:
+            return _metrics_frame(conn.execute(query).all())
+
+    def metrics_generations(self, run_ids: Iterable[str]) -> dict[str, int]:
+        """run id -> its ``metrics_generation`` (bumped whenever its metric rows change other than
+        by a row past its last step), for the runs of ``run_ids`` that exist."""
+        run_ids = list(run_ids)
+        if not run_ids:
+            return {}
+        with self._read() as conn:
+            return dict(conn.execute(sa.select(R.id, R.metrics_generation).where(R.id.in_(run_ids))).all())
 
     def arm_metrics(self, run_ids: Iterable[str]) -> pd.DataFrame:
         """The long frame of ``workbench.analysis``: one row per (run, step) with ``run_id``, ``arm``,
         ``seed``, ``step``, ``time`` and every logged metric (NaN where a run did not log it)."""
         run_ids = list(run_ids)
-        frame = self.metrics(run_ids)
-        runs = self.run_arms(run_ids)
-        frame = runs.merge(frame, on="run_id", how="inner")
-        first = [*ARM_KEY_COLUMNS, "time"]
-        return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
+        return arm_frame(self.run_arms(run_ids), self.metrics(run_ids))
 
     def run_arms(self, run_ids: Iterable[str]) -> pd.DataFrame:
         """``run_id``, ``arm``, ``seed`` of ``run_ids`` in their order, read in one query (a
@@ -599,6 +605,34 @@ class RunStore:
             query = query.where(table.c.step == step)
         with self._read() as conn:
             return conn.execute(query.order_by(table.c.run_id, table.c.step)).all()
+
+
+def runs_frame(rows: list[Run]) -> pd.DataFrame:
+    """``rows`` as ``list_runs``' frame: one row each, in the given order, columns ``RUN_COLUMNS``."""
+    frame = pd.DataFrame([{c: getattr(r, c) for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
+    return frame.astype({"seed": "Int64"})  # a run of an older file may have no known seed: <NA>, not 0.0
+
+
+def arm_frame(arms: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """``RunStore.arm_metrics``' frame from ``run_arms`` (run_id, arm, seed) and ``metrics`` rows:
+    ``run_id``, ``arm``, ``seed``, ``step``, ``time``, then the metrics (runs in ``arms``' order)."""
+    frame = arms.merge(metrics, on="run_id", how="inner")
+    first = [*ARM_KEY_COLUMNS, "time"]
+    return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
+
+
+def _metrics_frame(rows: list[Row]) -> pd.DataFrame:
+    """Metric rows (run_id, step, time, data) as one frame: ``run_id``, ``step``, ``time``, then a
+    column per metric any row logged (NaN where a row did not)."""
+    if not rows:
+        return pd.DataFrame(columns=["run_id", "step", "time"])
+    # one JSON array decoded at once and the key columns built apart: per-row json.loads and
+    # dict merging took ~40% of reading 30 runs x 1,000 steps
+    values = pd.DataFrame.from_records(decode_json_array([r.data for r in rows]))
+    keys = pd.DataFrame({"run_id": [r.run_id for r in rows],
+                         "step": pd.Series([r.step for r in rows], dtype="int64"),
+                         "time": [r.time for r in rows]})
+    return pd.concat([keys, values.drop(columns=[c for c in keys.columns if c in values.columns])], axis=1)
 
 
 def decode_json_array(texts: list[str]) -> list[Any]:
@@ -770,9 +804,12 @@ def _insert_payload(conn: Connection, table: str, run_id: str, step: int, when: 
 
 
 _NEWEST = R.last_step <= sa.bindparam("step", type_=R.last_step.type)  # SET reads the row as it was
+# a row below the last step is not an append: readers that keep decoded rows must re-read the run
 _METRICS_UPDATE = (sa.update(runs_table).where(R.id == sa.bindparam("run_id"))
                    .values(last_step=sa.case((_NEWEST, sa.bindparam("step", type_=R.last_step.type)), else_=R.last_step),
-                           reward=sa.case((_NEWEST, sa.bindparam("reward", type_=R.reward.type)), else_=R.reward)))
+                           reward=sa.case((_NEWEST, sa.bindparam("reward", type_=R.reward.type)), else_=R.reward),
+                           metrics_generation=sa.case((_NEWEST, R.metrics_generation),
+                                                      else_=R.metrics_generation + 1)))
 
 
 def _write_status(conn: Connection, run_id: str, event: Event) -> int:
@@ -806,7 +843,8 @@ def _write_resume(conn: Connection, run_id: str, event: Event) -> int:
                         .order_by(metrics.c.step.desc()).limit(1)).first()
     reward = json.loads(last.data).get("reward") if last is not None else None
     conn.execute(sa.update(runs_table).where(R.id == run_id).values(
-        last_step=last.step if last is not None else -1, reward=float(reward) if is_number(reward) else None))
+        last_step=last.step if last is not None else -1, reward=float(reward) if is_number(reward) else None,
+        metrics_generation=R.metrics_generation + 1))
     conn.execute(sa.update(runs_table).where(R.id == run_id, R.status.in_(TERMINAL_STATUSES))
                  .values(status="running", ended_at=None, error=None))
     for warning in event.payload["warnings"]:  # e.g. a damaged checkpoint the resume skipped

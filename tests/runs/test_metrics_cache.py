@@ -1,0 +1,87 @@
+"""The metrics cache (workbench.runs.metrics_cache) on real SQLite and the real PostgreSQL fixture:
+after every kind of change a run's rows go through (steps appended, a resume that redoes steps, a
+row below the last step, a run deleted) it returns exactly what the store returns, and it reads only
+the rows past the ones it holds unless the run's metrics_generation moved."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+
+from tests.ui.seed import add_run, metrics_event
+from workbench.runs.metrics_cache import MetricsCache
+from workbench.runs.schema import payloads, runs as runs_table
+
+
+def _same(cache: MetricsCache, ids: list[str]) -> pd.DataFrame:
+    """The cache's frames equal the store's, for metrics and arm_metrics; returns the metrics. Rows in
+    the same order; columns may come in another (a metric first logged by a later step is last)."""
+    got = cache.metrics(ids)
+    pd.testing.assert_frame_equal(got, cache.store.metrics(ids), check_like=True)
+    pd.testing.assert_frame_equal(cache.arm_metrics(ids), cache.store.arm_metrics(ids), check_like=True)
+    return got
+
+
+def _reward(frame: pd.DataFrame, run_id: str, step: int) -> float:
+    return float(frame.loc[(frame["run_id"] == run_id) & (frame["step"] == step), "reward"].iloc[0])
+
+
+def test_appends_resumes_late_rows_and_deletes_read_as_the_store(store):
+    a = add_run(store, name="a", steps=3, group="g", seed=1)
+    b = add_run(store, name="b", steps=2, group="g", seed=2, extra_metrics=lambda s: {"only_b": float(s)})
+    empty = add_run(store, name="empty", steps=0, group="g", seed=3)
+    cache = MetricsCache(store)
+    ids = [b, a, empty]
+    assert len(_same(cache, ids)) == 5
+
+    store.ingest(a, [metrics_event(3, 103.0), metrics_event(4, 104.0)])
+    store.ingest(empty, [metrics_event(0, 100.0, offset=0.5)])
+    got = _same(cache, ids)
+    assert len(got) == 8 and _reward(got, empty, 0) == 0.5
+
+    # a resume at step 2 redoes steps 2..: the old rows' values must not survive in the cache
+    store.ingest(a, [{"kind": "resume", "step": 2, "time": 110.0}, metrics_event(2, 111.0, offset=7.0)])
+    got = _same(cache, ids)
+    assert _reward(got, a, 2) == 7.02 and sorted(got.loc[got["run_id"] == a, "step"]) == [0, 1, 2]
+
+    # a row below the last step (not an append) is read too
+    store.ingest(b, [metrics_event(5, 120.0)])
+    _same(cache, ids)
+    store.ingest(b, [metrics_event(3, 121.0, offset=3.0)])
+    assert _reward(_same(cache, ids), b, 3) == 3.03
+
+    store.delete(b)
+    assert set(_same(cache, [a, empty])["run_id"]) == {a, empty}
+    assert set(cache.metrics(ids)["run_id"]) == {a, empty}  # a deleted run has no rows to draw
+
+
+def test_only_rows_past_the_kept_ones_are_read_until_the_generation_moves(store):
+    """A row changed behind the store's back (no generation bump) is not re-read: proof that a read
+    decodes only new steps; bumping the run's metrics_generation makes the next read take it."""
+    a = add_run(store, name="a", steps=3)
+    cache = MetricsCache(store)
+    assert _reward(cache.metrics([a]), a, 1) == 0.01
+    metrics = payloads["metrics"]
+    changed = metrics_event(1, 101.0, offset=9.0)["metrics"]
+    with store._write() as conn:
+        conn.execute(sa.update(metrics).where(metrics.c.run_id == a, metrics.c.step == 1)
+                     .values(data=json.dumps(changed)))
+    store.ingest(a, [metrics_event(3, 103.0)])
+    kept = cache.metrics([a])
+    assert _reward(kept, a, 1) == 0.01 and _reward(kept, a, 3) == 0.03
+    with store._write() as conn:
+        conn.execute(sa.update(runs_table).where(runs_table.c.id == a)
+                     .values(metrics_generation=runs_table.c.metrics_generation + 1))
+    assert _reward(cache.metrics([a]), a, 1) == 9.01
+
+
+def test_an_unknown_run_is_refused_like_the_store(store):
+    from workbench.runs.records import RunError
+
+    cache = MetricsCache(store)
+    with pytest.raises(RunError, match="'nope'"):
+        cache.arm_metrics(["nope"])
+    assert cache.metrics(["nope"]).empty
