@@ -102,3 +102,26 @@ def test_an_expired_token_stops_the_real_cli_and_its_list_says_expired(tmp_path,
     listed = _cli(tmp_path, "tokens", "list")
     row = next(line.split("\t") for line in listed.stdout.splitlines() if line.startswith(record.id))
     assert row[-1] == "expired" and secret not in listed.stdout
+
+
+def test_a_cli_process_looks_its_token_up_once(tmp_path, monkeypatch):
+    """The command line checks WORKBENCH_TOKEN before the command and the command asks for its
+    principal again: the second ask is answered without the store (a token revoked between them
+    still acts for the command under way; its last use is written once); the next process is refused."""
+    from workbench.runs import RunStore
+    from workbench.runs.apitokens import create_token, revoke_token
+    from workbench.runs.authz import TOKEN_AUTH, Principal
+    from workbench.runs.roles import cli_principal
+
+    monkeypatch.setenv("WORKBENCH_HOME", str(tmp_path))
+    monkeypatch.delenv("WORKBENCH_DB", raising=False)
+    admin = Principal("root", "admin", "test")
+    secret, record = create_token(admin, user="ada@example.org", role="member", days=1, store=RunStore())
+    monkeypatch.setenv("WORKBENCH_TOKEN", secret)
+    assert cli_principal() == Principal("ada@example.org", "member", TOKEN_AUTH)
+    first_use = RunStore().token_by_hash(record.secret_sha256).last_used_at
+    revoke_token(admin, record.id, store=RunStore())
+    assert cli_principal() == Principal("ada@example.org", "member", TOKEN_AUTH)
+    assert RunStore().token_by_hash(record.secret_sha256).last_used_at == first_use is not None
+    refused = _cli(tmp_path, "runs", "list", token=secret)
+    assert refused.returncode == 2 and "revoked" in refused.stderr

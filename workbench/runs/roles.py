@@ -134,14 +134,28 @@ def cli_role(user: str, settings: Settings | RoleMapping, *, server_store: bool)
     return _mapping(settings).cli_roles.get(user, CLI_SERVER_DEFAULT_ROLE)
 
 
+# A CLI process resolves its token once per store: the command line checks it before anything is
+# done and the command asks again, and each lookup wrote last_used_at (and a refusal's audit entry).
+_TOKEN_PRINCIPALS: dict[tuple[str, str, str], Principal] = {}
+
+
+def _token_principal(secret: str) -> Principal:
+    """``apitokens.token_principal(secret)`` on the store this process's environment names, looked
+    up on the first call only (a refusal raises every time and is not kept)."""
+    key = (secret, os.environ.get(SERVER_STORE_ENV, ""), os.environ.get("WORKBENCH_HOME", ""))
+    if key not in _TOKEN_PRINCIPALS:
+        from workbench.runs.apitokens import token_principal  # the store only when a token is given
+        _TOKEN_PRINCIPALS[key] = token_principal(secret)
+    return _TOKEN_PRINCIPALS[key]
+
+
 def cli_principal(env: Mapping[str, str] | None = None, home: Path | None = None) -> Principal:
     """Who the CLI acts as: the OS user, with ``cli_role`` for the store ``env`` (default: this
     process's environment) points at. Reads the settings only for a server database (a broken
     settings file then raises ``SettingsError``, naming the field)."""
     env = os.environ if env is None else env
     if env.get("WORKBENCH_TOKEN", "").strip():
-        from workbench.runs.apitokens import token_principal  # the store only when a token is given
-        return token_principal(env["WORKBENCH_TOKEN"])
+        return _token_principal(env["WORKBENCH_TOKEN"])
     user = local_user_name()
     server = is_server_store(env.get(SERVER_STORE_ENV))
     settings = load_settings(home) if server else Settings()
