@@ -38,6 +38,20 @@ DRAWN_CHARTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
 FAILURE_SHOT = Path("/tmp") / "wb-e2e-failure.png"
 
 
+def _show_charts(page) -> None:
+    """Scroll the page's legend and first charts into the viewport for a screenshot (the README's
+    pictures show the curves, not only the controls above them). In the page's own JavaScript: a
+    live page replaces its elements while a locator holds one."""
+    wait_until(lambda: page.evaluate("""() => {
+        const help = Array.from(document.querySelectorAll('summary'))
+            .find(e => e.innerText.includes('What these charts show'));  // just above the legend and charts
+        if (help) help.scrollIntoView({block: 'start'});
+        return !!help; }"""),
+               30, "a chart to scroll to", page=page)
+    wait_until(lambda: page.evaluate(DRAWN_CHARTS), 30, "the charts to be drawn", page=page)
+    page.wait_for_timeout(1000)
+
+
 # Every wait in the browser tests is a liveness bound, not a speed claim: `make test` runs this
 # partition beside another on 2 cores, where a Streamlit rerun takes several times what it takes
 # alone (a launch's message once took over 60 s to show there, seconds alone).
@@ -130,6 +144,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
         page.wait_for_timeout(1000)
     assert not blank, f"seconds without a drawn reward chart (second, charts drawn): {blank}; shots in {screenshots}"
     assert store.get_run(rloo_id)["status"] == "running"  # the check ran while the runs were live
+    _show_charts(page)
     page.screenshot(path=str(screenshots / "app.png"))
 
     # ---- cancel the RLOO run -------------------------------------------------------------------------
@@ -210,6 +225,7 @@ def test_arms_view_draws_bands_and_the_verdict(browser_page, server, store, e2e_
     assert bands == ["grpo (95% CI)", "rloo (95% CI)"]
     page.get_by_text("Mean over seeds per arm: grpo: 3 seeds · rloo: 3 seeds").wait_for()
     assert page.get_by_test_id("stException").count() == 0
+    _show_charts(page)
     page.screenshot(path=str(screenshots / "arms.png"))
     verdict = page.get_by_role("heading", name="Verdict")
     verdict.scroll_into_view_if_needed()
