@@ -115,3 +115,22 @@ def test_new_steps_of_a_live_run_reach_the_chart(home, store):
 def test_empty_store_says_what_to_do(home):
     at = page("compare_page").run()
     assert "No runs yet" in at.info[0].value
+
+
+def test_a_resume_that_redoes_steps_is_drawn_with_the_new_values(home, store):
+    """A running run resumed from step 2 that redoes steps 2 and 3 ends at the same last step,
+    reward and status as before; only its metrics generation tells the page its rows changed. The
+    open page draws the redone step's new value (it kept the old frame when its stamp lacked that)."""
+    from tests.ui.seed import metrics_event
+
+    run_id = add_run(store, name="live", steps=4, total=10, status="running", t0=1000.0)
+    at = page("compare_page").run()
+    at.slider(key="compare_smoothing").set_value(0.0).run()
+    assert charts(at)["Reward (batch mean)"][0]["y"] == [0.0, 0.01, 0.02, 0.03]
+    redo = metrics_event(2, 1010.0, offset=0.5)  # step 2 now 0.52; step 3 as before
+    store.ingest(run_id, [{"kind": "resume", "step": 2, "time": 1009.0}, redo, metrics_event(3, 1011.0)])
+    run = store.get_run(run_id)
+    assert (run["last_step"], run["reward"], run["status"]) == (3, 0.03, "running")
+    at.run()
+    assert not at.exception
+    assert charts(at)["Reward (batch mean)"][0]["y"] == [0.0, 0.01, 0.52, 0.03]

@@ -286,10 +286,12 @@ def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> Non
 
 
 def _stamp(ids: list[str]) -> tuple:
-    """What identifies the selected runs' data: the store file and, per run, the last step ingested,
-    its reward there and its status (ingest only appends steps, so new data changes the stamp)."""
-    runs = _selected_runs(ids)
-    return (str(store().path), *zip(runs["id"], runs["last_step"], runs["reward"].astype(str), runs["status"]))
+    """What identifies the selected runs' data: the store and, per run, the last step ingested, its
+    reward there, its status and its metrics generation (appended steps move the last step; a resume
+    that redoes steps, or a row below the last, moves the generation)."""
+    runs, generations = _selected_runs(ids), store().metrics_generations(ids)
+    return (str(store().url), *zip(runs["id"], runs["last_step"], runs["reward"].astype(str), runs["status"],
+                                   map(generations.get, runs["id"])))
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
