@@ -15,7 +15,8 @@ Prints (``--parts`` picks which):
 1. ``ratio``: seconds per step of TRL and of the workbench (steady state: wall time between the
    ends of step ``warmup`` and the last step, divided by the steps in between; the two alternate
    for ``--rounds`` rounds and the best round of each counts) and their ratio (target: workbench
-   <= 0.67x TRL), with every round's time and the min/median/max of the per-round ratios;
+   <= 0.67x TRL), with every round's time and the min/median/max of the per-round ratios; with
+   ``--isolate`` every run is its own process and each system's peak resident memory is printed;
 2. ``overhead``: the engine's overhead on identical batches: for each step s, the rollout alone
    (``Trainer.rollout(s)``), a bare forward + backward of the policy on that rollout (HF forward,
    log-softmax gather, masked mean, backward; no optimiser step), then the full
@@ -136,6 +137,12 @@ def print_ratio(runs) -> None:
             print(f"{label} {min(times):.4f} s/step, {best.tokens_per_s:.0f} completion tok/s   (rounds: "
                   f"{', '.join(f'{t:.4f}' for t in times)}; reward first/last 5 steps: "
                   f"{statistics.mean(rw[:5]):.3f} / {statistics.mean(rw[-5:]):.3f})", flush=True)
+    peaks = {key: [t.extra["peak_rss_bytes"] for t in runs[key] if "peak_rss_bytes" in t.extra] for key in runs}
+    if all(peaks.values()):
+        print("peak resident memory    " + "; ".join(
+            f"{name} max {max(peaks[key]) / 2**30:.2f} GiB (runs: {', '.join(f'{b / 2**30:.2f}' for b in peaks[key])})"
+            for key, name in (("trl", "TRL"), ("wb", "workbench"))) +
+            f"; workbench / TRL {max(peaks['wb']) / max(peaks['trl']):.2f}x   (target <= 1)", flush=True)
     if runs["trl"]:
         r = ratio_summary(runs)
         print(f"ratio workbench / TRL   {r['best_over_best']:.3f}x best / best; per round (alternating pairs) min/median/max "
@@ -156,6 +163,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating TRL / workbench runs; the best of each counts")
     p.add_argument("--skip-trl", action="store_true", help="only the workbench's numbers")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which measurements (default: all)")
+    p.add_argument("--isolate", action="store_true", help="ratio: each run in its own process, and each system's peak "
+                   "resident memory (ru_maxrss) printed beside its time")
     args = p.parse_args()
     if not 1 <= args.warmup < args.steps:
         p.error(f"--warmup={args.warmup} must be at least 1 and below --steps={args.steps}")
@@ -170,7 +179,7 @@ def main() -> None:
         print(work.describe() + ", 1 thread", flush=True)
         if "ratio" in args.parts:
             print_ratio(alternate(work, rows, tmp, args.rounds, with_trl=not args.skip_trl,
-                                   progress=lambda line: print(line, flush=True)))
+                                   progress=lambda line: print(line, flush=True), isolate=args.isolate))
         if "overhead" in args.parts:
             o = engine_overhead(work, tmp / "overhead")
             print(f"engine overhead         {o['overhead']:.3f}   = step {o['step']:.4f} s / (rollout {o['generation']:.4f} s "

@@ -17,8 +17,12 @@ alternate for several rounds (:func:`alternate`), so drift on a shared machine h
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,17 +227,44 @@ def run_trl(work: Work, rows: list[dict], out_dir: str) -> Timing:
 # ---- both, alternating --------------------------------------------------------------------------
 
 
+SYSTEMS = {"trl": "TRL", "wb": "workbench"}
+
+
+def run_system(system: str, work: Work, rows: list[dict], out_dir: Path) -> Timing:
+    """One run of ``system`` (a ``SYSTEMS`` key) in this process."""
+    return run_trl(work, rows, str(out_dir)) if system == "trl" else run_workbench(work, out_dir)
+
+
+def run_isolated(system: str, work: Work, out_dir: Path) -> Timing:
+    """``run_system`` in a fresh Python process (same work, its rows rebuilt there), so that its
+    peak resident memory is its own: ``Timing.extra["peak_rss_bytes"]`` (getrusage's ru_maxrss of
+    the child: model, optimiser, activations, and the libraries each system imports)."""
+    code = ("import dataclasses, json, resource, sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]\n"
+            "import grpo_pair as g, torch; g.quiet(); work = g.Work(**json.loads(sys.argv[3]))\n"
+            "torch.set_num_threads(work.threads)\n"
+            "t = g.run_system(sys.argv[4], work, g.work_rows(work), Path(sys.argv[5]))\n"
+            "t.extra['peak_rss_bytes'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "print('TIMING ' + json.dumps(dataclasses.asdict(t)))\n")
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", code, str(here.parent), str(here), json.dumps(dataclasses.asdict(work)),
+                           system, str(out_dir)], capture_output=True, text=True, check=False)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("TIMING ")), None)
+    if done.returncode or line is None:
+        raise RuntimeError(f"{SYSTEMS[system]} run failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return Timing(**json.loads(line[len("TIMING "):]))
+
+
 def alternate(work: Work, rows: list[dict], tmp: Path, rounds: int, with_trl: bool = True,
-              progress=print) -> dict[str, list[Timing]]:
+              progress=print, isolate: bool = False) -> dict[str, list[Timing]]:
     """{"trl": [...], "wb": [...]}: TRL then the workbench, ``rounds`` times (on a shared machine
-    load from other processes only ever adds time, so the best round of each is the cleanest)."""
+    load from other processes only ever adds time, so the best round of each is the cleanest);
+    ``isolate``: each run in its own process (``run_isolated``: peak memory per system)."""
     runs: dict[str, list[Timing]] = {"trl": [], "wb": []}
     for rnd in range(rounds):
-        if with_trl:
-            runs["trl"].append(run_trl(work, rows, str(tmp / f"trl{rnd}")))
-            progress(f"  round {rnd + 1}/{rounds}: TRL {runs['trl'][-1].s_per_step:.4f} s/step")
-        runs["wb"].append(run_workbench(work, tmp / f"wb{rnd}"))
-        progress(f"  round {rnd + 1}/{rounds}: workbench {runs['wb'][-1].s_per_step:.4f} s/step")
+        for system in ("trl", "wb") if with_trl else ("wb",):
+            out_dir = tmp / f"{system}{rnd}"
+            runs[system].append(run_isolated(system, work, out_dir) if isolate else run_system(system, work, rows, out_dir))
+            progress(f"  round {rnd + 1}/{rounds}: {SYSTEMS[system]} {runs[system][-1].s_per_step:.4f} s/step")
     return runs
 
 

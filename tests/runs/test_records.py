@@ -35,7 +35,7 @@ def test_every_column_round_trips_as_a_typed_field(store):
                     total_steps=9, started_at=11.0, ended_at=12.0, group="g", tags=["b", "a"], notes="why",
                     launch={"num_processes": 2}, handle={"pid": 5}, events_offset=120, events_inode="1:2", last_step=4,
                     reward=0.5, error="e", cancel_requested=True, skipped_events=3, warnings=["w"],
-                    arm="grpo · eps_high=0.3", seed=7, sweep={"algorithm.eps_high": 0.3})
+                    arm="grpo · eps_high=0.3", seed=7, sweep={"algorithm.eps_high": 0.3}, metrics_generation=0)
     got = run.to_dict()
     assert set(got) == set(expected) | {"created_at"} and isinstance(run.created_at, float)
     assert {k: got[k] for k in expected} == expected

@@ -98,6 +98,7 @@ class Run(Mapping):
     arm: str | None = None
     seed: int | None = None
     sweep: dict[str, Any] = field(default_factory=dict)
+    metrics_generation: int = 0  # +1 when its metric rows change other than by an append (workbench.runs.metrics_cache)
 
     __hash__ = None  # containers inside: not hashable (a Run is a value to read, not a key)
 
