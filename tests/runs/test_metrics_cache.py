@@ -78,6 +78,17 @@ def test_only_rows_past_the_kept_ones_are_read_until_the_generation_moves(store)
     assert _reward(cache.metrics([a]), a, 1) == 9.01
 
 
+def test_runs_without_rows_that_gain_their_first_rows_read_as_the_store(store):
+    """A page opened on a run launched a moment ago (no step yet) keeps an empty frame; the first
+    steps appended to it come back as the store has them (step stays int64)."""
+    fresh = add_run(store, name="fresh", steps=0, status="running")
+    cache = MetricsCache(store)
+    assert cache.metrics([fresh]).empty and cache.arm_metrics([fresh]).empty
+    store.ingest(fresh, [metrics_event(0, 100.0), metrics_event(1, 101.0)])
+    got = _same(cache, [fresh])
+    assert got["step"].dtype == "int64" and list(got["step"]) == [0, 1]
+
+
 def test_an_unknown_run_is_refused_like_the_store(store):
     from workbench.runs.records import RunError
 

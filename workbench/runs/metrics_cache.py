@@ -81,7 +81,7 @@ class MetricsCache:
         else:
             new = self.store.metrics_after(kept.last_steps)
             fresh = kept if not len(new) else _Kept(generations, {**kept.last_steps, **_last_steps(new)},
-                                                    _in_run_order(pd.concat([kept.frame, new], ignore_index=True)))
+                                                    _appended(kept.frame, new))
         return fresh if self.store.metrics_generations(key) == generations else None
 
 
@@ -95,6 +95,9 @@ def _last_steps(frame: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in frame.groupby("run_id", sort=False)["step"].max().items()}
 
 
-def _in_run_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows by run id, then step (the store's order; appended rows land after every run's)."""
-    return frame.sort_values(["run_id", "step"], kind="stable", ignore_index=True)
+def _appended(frame: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the rows ``new`` in the store's order (run id, then step). An empty ``frame``
+    (its runs had no row yet) is left out: its object columns would make ``step`` an object column."""
+    if not len(frame):
+        return new
+    return pd.concat([frame, new], ignore_index=True).sort_values(["run_id", "step"], kind="stable", ignore_index=True)
