@@ -96,3 +96,12 @@ def test_an_unknown_run_is_refused_like_the_store(store):
     with pytest.raises(RunError, match="'nope'"):
         cache.arm_metrics(["nope"])
     assert cache.metrics(["nope"]).empty
+
+
+def test_new_rows_of_more_runs_than_one_query_can_name_are_read(store):
+    """metrics_after over 1,500 runs (SQLite refused one OR of that many terms: expression depth
+    1,000): the batches return every run's new rows, in run id order."""
+    a, b = add_run(store, name="a", steps=3), add_run(store, name="b", steps=2)
+    after = {f"absent{i:04d}": 0 for i in range(1500)} | {a: 0, b: -1}
+    got = store.metrics_after(after)
+    assert list(zip(got["run_id"], got["step"])) == [(a, 1), (a, 2), (b, 0), (b, 1)]

@@ -80,6 +80,7 @@ RUN_COLUMNS = ["id", "name", "algorithm", "arm", "seed", "status", "target", "la
                "created_at", "started_at", "ended_at", "group", "tags", "notes", "last_step", "total_steps", "reward",
                "error", "run_dir"]
 log = logging.getLogger(__name__)
+MAX_OR_TERMS = 200  # run conditions per query of metrics_after (SQLite's expression depth is 1,000)
 ARM_KEY_COLUMNS = ["run_id", "arm", "seed", "step"]  # the long frame's keys (workbench.analysis.stats.RUN_KEY_COLUMNS)
 R = runs_table.c
 
@@ -525,15 +526,17 @@ class RunStore:
 
     def metrics_after(self, after: Mapping[str, int]) -> pd.DataFrame:
         """``metrics`` of the runs in ``after`` (run id -> step), each at steps past its step only."""
-        if not after:
-            return _metrics_frame([])
         table = payloads["metrics"]
-        query = (sa.select(table.c.run_id, table.c.step, table.c.time, table.c.data)
-                 .where(sa.or_(*(sa.and_(table.c.run_id == run_id, table.c.step > int(step))
-                                 for run_id, step in after.items())))
-                 .order_by(table.c.run_id, table.c.step))
-        with self._read() as conn:
-            return _metrics_frame(conn.execute(query).all())
+        items = sorted(after.items())
+        rows: list[Row] = []
+        with self._read() as conn:  # batches: SQLite refuses an OR of ~1,000 terms (expression depth)
+            for start in range(0, len(items), MAX_OR_TERMS):
+                batch = items[start:start + MAX_OR_TERMS]
+                rows += conn.execute(sa.select(table.c.run_id, table.c.step, table.c.time, table.c.data)
+                                     .where(sa.or_(*(sa.and_(table.c.run_id == run_id, table.c.step > int(step))
+                                                     for run_id, step in batch)))
+                                     .order_by(table.c.run_id, table.c.step)).all()
+        return _metrics_frame(rows)
 
     def metrics_generations(self, run_ids: Iterable[str]) -> dict[str, int]:
         """run id -> its ``metrics_generation`` (bumped whenever its metric rows change other than
