@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.analysis.bands import BANDS, clip_band
+from workbench.analysis.bands import BANDS, _sorted_by, clip_band, frame_codes
 from workbench.viz.curves import PANELS
 
 T1 = 12.706204736174707  # t_{0.975, 1}
@@ -83,6 +83,34 @@ def test_the_tokens_caption_prints_whole_tokens():
     curve = mean_curve_with_band(df, "reward", "tokens", grid_points=3)  # grid 0, 3842.81, 7685.62
     assert aggregation_caption(curve, "tokens") == ("a: 2 seeds to 3,843 tokens, then 1 to 7,686 tokens · "
                                                     "band: 95% t-interval over seeds where >= 2")
+
+
+def test_a_caption_over_several_arms_names_each_arms_seeds_in_order():
+    df = pd.concat([seeds_frame([[0.0, 1.0, 2.0], [1.0, 1.0]], arm="b"), seeds_frame([[0.0], [1.0], [2.0]], arm="a"),
+                    seeds_frame([[1.0] * 6, [1.0] * 2, [1.0] * 4, [1.0] * 5, [1.0] * 3], arm="c")])
+    curve = mean_curve_with_band(df, "reward")
+    assert aggregation_caption(curve) == ("b: 2 seeds to step 1, then 1 to step 2 · a: 3 seeds · c: 1-5 seeds per point · "
+                                          "band: 95% t-interval over seeds where >= 2")
+
+
+def test_codes_given_by_the_caller_change_nothing():
+    """``codes`` (a caller drawing several metrics of one frame factorizes its ids once) gives the
+    frame's own result; codes of another frame are refused."""
+    df = pd.concat([seeds_frame([[0.0, 1.0, 2.0], [1.0, 3.0]], arm="b"), seeds_frame([[0.5], [1.5]], arm="a")])
+    for x, band in (("step", "ci"), ("time", "minmax")):
+        framed = df.assign(time=df["step"] * 1.5 + df["seed"])
+        assert mean_curve_with_band(framed, "reward", x, band=band, codes=frame_codes(framed)).equals(
+            mean_curve_with_band(framed, "reward", x, band=band))
+    with pytest.raises(ValueError, match="codes of 2 rows given for a frame of 7; use frame_codes"):
+        mean_curve_with_band(df, "reward", codes=frame_codes(df.head(2)))
+
+
+@given(hst.lists(hst.tuples(*(hst.integers(0, 3),) * 3), max_size=12))
+def test_sorted_by_says_what_lexsort_would_leave_in_place(rows):
+    """The arms view's frame comes sorted by (run, x, step): the check that skips the sort is
+    lexsort's own verdict (stable: rows equal on every key count as sorted)."""
+    keys = [np.array([r[i] for r in rows], dtype=np.float64) for i in range(3)]
+    assert _sorted_by(*keys) == bool((np.lexsort(keys[::-1]) == np.arange(len(rows))).all())
 
 
 BOUNDED = [(key, metric) for key, panel in PANELS.items() for metric in panel.metrics

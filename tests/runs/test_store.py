@@ -89,6 +89,17 @@ def test_diagnostics_and_lens_rows(store):
         store.diagnostics("r1", 3)
 
 
+def test_sample_steps_list_the_steps_and_samples_read_one_step(store):
+    """The Compare page lists a run's sample steps, then reads only the chosen step's samples."""
+    _make(store)
+    sample = {"prompt": "1+1=", "completion": "2", "reward": 1.0, "advantage": 0.5, "length": 1, "truncated": False}
+    store.ingest("r1", [{"kind": "samples", "step": s, "time": 1.0, "samples": [{**sample, "completion": str(s)}] * 2}
+                        for s in (5, 1, 3)])
+    assert store.sample_steps("r1") == [1, 3, 5] and store.sample_steps("r2") == []
+    three = store.samples("r1", 3)
+    assert three.step.tolist() == [3, 3] and three.completion.tolist() == ["3", "3"]
+
+
 def test_unknown_run_and_delete(store):
     with pytest.raises(RunError, match="run id='nope' does not exist"):
         store.get_run("nope")

@@ -97,16 +97,47 @@ class _Points(NamedTuple):
     arms: list[str]  # arm code -> name (order of first appearance in the frame)
 
 
-def _points(df: pd.DataFrame, metric: str, x: str) -> _Points:
+class FrameCodes(NamedTuple):
+    """A frame's runs and arms as integer codes in order of first appearance: (N,) each, and
+    arm code -> name. Computed once by a caller that draws several metrics of one frame (factorizing
+    the string ids was a third of a band's time, for every chart)."""
+
+    run: np.ndarray
+    arm: np.ndarray
+    arms: list[str]
+
+
+def frame_codes(df: pd.DataFrame) -> FrameCodes:
     run, _ = pd.factorize(df["run_id"], sort=False)
     arm, arms = pd.factorize(df["arm"].astype(str), sort=False)
+    return FrameCodes(run, arm, [str(a) for a in arms])
+
+
+def _points(df: pd.DataFrame, metric: str, x: str, codes: FrameCodes | None = None) -> _Points:
+    run, arm, arms = codes if codes is not None else frame_codes(df)
+    if len(run) != len(df):
+        raise ValueError(f"codes of {len(run)} rows given for a frame of {len(df)}; use frame_codes(df)")
     xs = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=np.float64)
     ys = pd.to_numeric(df[metric], errors="coerce").to_numpy(dtype=np.float64)
     step = df["step"].to_numpy(dtype=np.float64) if "step" in df.columns else np.zeros(len(df))
     ok = np.isfinite(xs) & np.isfinite(ys)
     run, arm, xs, ys, step = run[ok], arm[ok], xs[ok], ys[ok], step[ok]
-    order = np.lexsort((step, xs, run))  # stable: equal x keep step order
-    return _Points(run[order], arm[order], xs[order], ys[order], [str(a) for a in arms])
+    order = None if _sorted_by(run, xs, step) else np.lexsort((step, xs, run))  # stable: equal x keep step order
+    if order is None:  # rows already in (run, x, step) order: the arms view's frame, sorted once for all charts
+        return _Points(run, arm, xs, ys, list(arms))
+    return _Points(run[order], arm[order], xs[order], ys[order], list(arms))
+
+
+def _sorted_by(*keys: np.ndarray) -> bool:
+    """Whether rows are already in lexicographic order of ``keys`` (first key first): what
+    ``np.lexsort(keys[::-1])`` would leave as it is, checked in O(N). keys: (N,) each."""
+    ties = np.ones(max(len(keys[0]) - 1, 0), dtype=bool)  # rows equal on every key so far
+    for key in keys:
+        step_down, step_up = key[1:] < key[:-1], key[1:] > key[:-1]
+        if (ties & step_down).any():
+            return False
+        ties &= ~step_up
+    return True
 
 
 def _starts(codes: np.ndarray) -> np.ndarray:
@@ -156,7 +187,8 @@ def _per_point(arm: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> dict[str, np.
 
 def mean_curve_with_band(df: pd.DataFrame, metric: str, x: str = "step", *, smoothing: Smoother | None = None,
                          confidence: float = 0.95, interpolate: bool | None = None,
-                         grid_points: int | None = None, band: str = "ci", bounds: Bounds = OPEN) -> pd.DataFrame:
+                         grid_points: int | None = None, band: str = "ci", bounds: Bounds = OPEN,
+                         codes: FrameCodes | None = None) -> pd.DataFrame:
     """Per arm and x: the mean over seeds of ``metric`` and a band over seeds.
 
     At each x with values y_1..y_n from the n seeds present there, mean = (1/n) sum_i y_i, s the
@@ -177,23 +209,59 @@ def mean_curve_with_band(df: pd.DataFrame, metric: str, x: str = "step", *, smoo
 
     Returns one row per (arm, x), arms in order of first appearance in ``df``, x ascending:
     ``arm``, ``x``, ``mean``, ``std``, ``ci_low``, ``ci_high`` (the band's edges, whichever band),
-    ``n_seeds``.
+    ``n_seeds``. ``codes``: ``frame_codes(df)`` when the caller already has them (several metrics
+    of one frame); the result is the same.
     """
+    return curve_arrays(df, metric, x, smoothing=smoothing, confidence=confidence, interpolate=interpolate,
+                        grid_points=grid_points, band=band, bounds=bounds, codes=codes).frame()
+
+
+class Curve(NamedTuple):
+    """``mean_curve_with_band``'s rows as arrays (R,) each, ``arm`` as codes into ``arms`` (names):
+    what the arms view draws from, without a DataFrame built and taken apart for every chart."""
+
+    arm: np.ndarray
+    x: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    n_seeds: np.ndarray
+    arms: list[str]
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as ``mean_curve_with_band`` returns them (CURVE_COLUMNS)."""
+        if not len(self.x):
+            return pd.DataFrame(columns=CURVE_COLUMNS)
+        return pd.DataFrame({"arm": np.asarray(self.arms, dtype=object)[self.arm], "x": self.x, "mean": self.mean,
+                             "std": self.std, "ci_low": self.ci_low, "ci_high": self.ci_high,
+                             "n_seeds": self.n_seeds})[CURVE_COLUMNS]
+
+    def arm_slices(self):
+        """(arm name, slice of its rows) per arm, in order (an arm's rows are contiguous)."""
+        bounds = np.r_[np.flatnonzero(np.r_[True, self.arm[1:] != self.arm[:-1]]), len(self.arm)]
+        return [(self.arms[self.arm[a]], slice(a, b)) for a, b in zip(bounds[:-1], bounds[1:])] if len(self.arm) else []
+
+
+def curve_arrays(df: pd.DataFrame, metric: str, x: str = "step", *, smoothing: Smoother | None = None,
+                 confidence: float = 0.95, interpolate: bool | None = None, grid_points: int | None = None,
+                 band: str = "ci", bounds: Bounds = OPEN, codes: FrameCodes | None = None) -> Curve:
+    """``mean_curve_with_band`` as a ``Curve`` (same arguments, same numbers)."""
     check_columns(df, ("run_id", "arm", x, metric))
     confidence = check_fraction("confidence", confidence)
     chosen = BANDS[check_band(band)]
     if grid_points is not None and (type(grid_points) is not int or grid_points < 2):
         raise ValueError(f"grid_points={grid_points!r} is not allowed; use an integer >= 2")
-    p = _points(df, metric, x)
+    p = _points(df, metric, x, codes)
     if not len(p.y):
-        return pd.DataFrame(columns=CURVE_COLUMNS)
+        empty = np.empty(0)
+        return Curve(np.empty(0, dtype=np.intp), empty, empty, empty, empty, empty, np.empty(0, dtype=np.intp), p.arms)
     ys = _smoothed(p, smoothing)
     arm, xs, ys = _on_grid(p, ys, grid_points) if (x != "step" if interpolate is None else interpolate) else (p.arm, p.x, ys)
     c = _per_point(arm, xs, ys)
     low, high = chosen.edges(c["mean"], c["std"], c["n_seeds"], c["min"], c["max"], confidence)
     low, high = clip_band(c["mean"], np.asarray(low, np.float64), np.asarray(high, np.float64), bounds)
-    return pd.DataFrame({"arm": np.asarray(p.arms, dtype=object)[c["arm"]], "x": c["x"], "mean": c["mean"],
-                         "std": c["std"], "ci_low": low, "ci_high": high, "n_seeds": c["n_seeds"]})[CURVE_COLUMNS]
+    return Curve(c["arm"], c["x"], c["mean"], c["std"], low, high, c["n_seeds"], p.arms)
 
 
 def _segments(n_seeds: np.ndarray, xs: np.ndarray) -> list[tuple[int, float]]:
@@ -223,7 +291,7 @@ def clip_note(bounds: Bounds) -> str:
     return ""
 
 
-def aggregation_caption(curve: pd.DataFrame, x: str = "step", confidence: float = 0.95, band: str = "ci",
+def aggregation_caption(curve: pd.DataFrame | Curve, x: str = "step", confidence: float = 0.95, band: str = "ci",
                         smoothing: float = 0.0) -> str:
     """What each arm's mean curve aggregates, for the chart's caption, from ``mean_curve_with_band``'s
     frame drawn against x-axis ``x`` with band ``band``, each seed smoothed first with EMA weight
@@ -232,15 +300,21 @@ def aggregation_caption(curve: pd.DataFrame, x: str = "step", confidence: float 
     smoothed first (EMA weight 0.6, ...)``. More than 3 changes of count are summarised as a range."""
     position = X_POSITIONS.get(x, lambda v: f"{v:g}")
     parts = []
-    for arm, rows in curve.groupby("arm", sort=False):
-        segments = _segments(rows["n_seeds"].to_numpy(), rows["x"].to_numpy())
+    # an arm's rows are contiguous: slice at the changes of arm (a pandas groupby per chart was
+    # ~10 ms, on every live redraw)
+    if not isinstance(curve, Curve):
+        codes, names = pd.factorize(curve["arm"], sort=False)
+        curve = Curve(codes, curve["x"].to_numpy(), *(np.empty(0),) * 4, curve["n_seeds"].to_numpy(), list(names))
+    for arm, rows in curve.arm_slices():
+        n_seeds, xs = curve.n_seeds[rows], curve.x[rows]
+        segments = _segments(n_seeds, xs)
         if len(segments) == 1:
             text = _seeds(segments[0][0])
         elif len(segments) <= 3:
             text = ", then ".join(f"{_seeds(n) if i == 0 else n} to {position(end)}"
                                   for i, (n, end) in enumerate(segments))
         else:
-            text = f"{rows['n_seeds'].min()}-{rows['n_seeds'].max()} seeds per point"
+            text = f"{n_seeds.min()}-{n_seeds.max()} seeds per point"
         parts.append(f"{arm}: {text}")
     return " · ".join(filter(None, parts + [f"band: {BANDS[check_band(band)].caption(confidence)}",
                                             smoothing_caption(smoothing)]))

@@ -582,11 +582,20 @@ class RunStore:
         columns += list(dict.fromkeys(k for record in records for k in record if k not in columns))
         return pd.DataFrame.from_records(records, columns=columns) if records else pd.DataFrame(columns=columns)
 
-    def diagnostic_steps(self, run_id: str) -> list[int]:
-        table = payloads["diagnostics"]
+    def _payload_steps(self, kind: str, run_id: str) -> list[int]:
+        """The steps at which ``run_id`` logged a ``kind`` payload, ascending (no payload read)."""
+        table = payloads[kind]
         with self._read() as conn:
-            return list(conn.execute(sa.select(table.c.step).where(table.c.run_id == run_id).order_by(table.c.step))
-                        .scalars())
+            return list(conn.execute(sa.select(table.c.step).where(table.c.run_id == run_id).distinct()
+                                     .order_by(table.c.step)).scalars())
+
+    def diagnostic_steps(self, run_id: str) -> list[int]:
+        return self._payload_steps("diagnostics", run_id)
+
+    def sample_steps(self, run_id: str) -> list[int]:
+        """The steps with logged samples (a page lists them, then reads one step's: a long run's
+        samples of every step were read and decoded on every redraw)."""
+        return self._payload_steps("samples", run_id)
 
     def diagnostics(self, run_id: str, step: int) -> dict[str, Any]:
         rows = self._payload_rows("diagnostics", [run_id], step)

@@ -32,6 +32,7 @@ from workbench.runs.names import slug
 from workbench.runs.store import runs_frame
 from workbench.viz.arms import arm_colours, arm_figures, sweep_figures
 from workbench.viz.export_figure import FORMATS, figure_bytes, file_name, static_export_problem
+from workbench.viz.wire import figure_title
 from workbench.viz.tables import CONFIDENCE
 from workbench.viz.curves import (DEFAULT_SMOOTHING, PANELS, X_AXES, chart_options, compare_figures,
                                   drawn_metrics, final_metrics_table, has_data, legend_html, line_styles, logged_metrics, progress,
@@ -185,13 +186,12 @@ def _samples(ids: list[str], labels: dict[str, str]) -> None:
     st.subheader("Sample completions")
     cols = st.columns([2, 1])
     run_id = cols[0].selectbox("Run", ids, format_func=lambda r: labels.get(r, r), key="compare_sample_run")
-    samples = store().samples(run_id)
-    if samples.empty:
+    steps = store().sample_steps(run_id)  # then only the chosen step's samples are read
+    if not steps:
         st.caption("No samples logged yet.")
         return
-    steps = sorted(samples["step"].unique().tolist())
     step = cols[1].selectbox("Step", steps, index=len(steps) - 1, key=f"compare_sample_step:{run_id}")
-    rows = samples[samples["step"] == step].drop(columns=["run_id", "step"])
+    rows = store().samples(run_id, step).drop(columns=["run_id", "step"])
     chats = [chat_parts(p) for p in rows["prompt"]]
     if any(chats):  # conversational prompts: raw JSON would start with the system prompt
         for (_, row), chat in zip(rows.iterrows(), chats):
@@ -203,8 +203,8 @@ def _samples(ids: list[str], labels: dict[str, str]) -> None:
 
 
 def _selected_runs(ids: list[str]):
-    """``list_runs``' rows of ``ids``, in their order, read alone (a render asks ~4 times; the
-    store may hold thousands of runs)."""
+    """``list_runs``' rows of ``ids``, in their order, read alone (the store may hold thousands of
+    runs)."""
     return runs_frame(store().runs_by_id(ids))
 
 
@@ -243,7 +243,7 @@ def _figure_downloads(col, fig, key: str) -> None:
     file is made only when its button is clicked (Streamlit's deferred download): a PNG takes
     seconds in a headless Chromium, far too slow for every redraw. Where PNG / SVG cannot be made
     on this server (``static_export_problem``) only CSV is offered; ``_export_notice`` says why."""
-    title = fig.layout.title.text or key
+    title = figure_title(fig) or key  # a WireFigure is not built to read it
     formats = [f for f in FORMATS if FORMATS[f].static is False or not static_export_problem()]
     for cell, fmt in zip(col.columns(len(formats)), formats):
         cell.download_button(fmt.upper(), data=partial(figure_bytes, fig, fmt), file_name=file_name(title, fmt),
@@ -270,8 +270,8 @@ def _report_download(group: str) -> None:
                        "Same as `python -m workbench report GROUP`.")
 
 
-def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> None:
-    metrics = _frame(_stamp(ids), tuple(ids))
+def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str], records: list) -> None:
+    metrics = _frame(_stamp(ids, records), tuple(ids))
     if metrics.empty:
         st.info("Waiting for the first step of the selected runs…")
     else:
@@ -285,11 +285,13 @@ def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str]) -> Non
         st.dataframe(final_metrics_table(metrics, labels), hide_index=True)
 
 
-def _stamp(ids: list[str]) -> tuple:
+def _stamp(ids: list[str], records: list | None = None) -> tuple:
     """What identifies the selected runs' data: the store and, per run, the last step ingested, its
     reward there, its status and its metrics generation (appended steps move the last step; a resume
-    that redoes steps, or a row below the last, moves the generation)."""
-    runs, generations = _selected_runs(ids), store().metrics_generations(ids)
+    that redoes steps, or a row below the last, moves the generation). ``records``: the runs'
+    records when the caller has just read them (``runs_by_id(ids)``)."""
+    runs = runs_frame(records) if records is not None else _selected_runs(ids)
+    generations = store().metrics_generations(ids)
     return (str(store().url), *zip(runs["id"], runs["last_step"], runs["reward"].astype(str), runs["status"],
                                    map(generations.get, runs["id"])))
 
@@ -318,9 +320,9 @@ def _arm_charts(stamp: tuple, ids: tuple[str, ...], panels: tuple[str, ...], x: 
                        secondary=secondary)
 
 
-def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
+def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str], records: list) -> None:
     """Per arm: mean curves with bands, the verdict table, the sweep view (arms label themselves)."""
-    stamp = _stamp(ids)
+    stamp = _stamp(ids, records)
     frame = _frame(stamp, tuple(ids))
     if frame.empty:
         st.info("Waiting for the first step of the selected runs…")
@@ -338,7 +340,7 @@ def _arms_view(ids: list[str], controls: dict, _labels: dict[str, str]) -> None:
                 {key: " · ".join(filter(None, (chart.styles, chart.note, chart.caption if chart.caption != common else "")))
                  for key, chart in charts.items()})
     metric, window = _verdict(frame)
-    _sweep_view(ids, frame, metric, window)
+    _sweep_view(records, frame, metric, window)
 
 
 def _verdict(frame) -> tuple[str | None, float]:
@@ -367,13 +369,8 @@ def _verdict(frame) -> tuple[str | None, float]:
     return metric, window
 
 
-def _arm_sweeps(ids: list[str]) -> dict[str, dict]:
-    """arm -> {swept field: value} for the selected runs of a sweep ({} when nothing was swept)."""
-    return arm_sweeps(store().runs_by_id(ids))
-
-
-def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> None:
-    sweeps = _arm_sweeps(ids)
+def _sweep_view(records: list, frame, metric: str | None, window: float) -> None:
+    sweeps = arm_sweeps(records)  # arm -> {swept field: value}; {} when nothing was swept
     try:
         scores = final_window_values(frame, metric, window) if sweeps and metric else {}
     except DuplicateSeedError as err:  # two runs of an arm with one seed: say so, as verdict_table does
@@ -389,10 +386,11 @@ def _sweep_view(ids: list[str], frame, metric: str | None, window: float) -> Non
 
 def _live_charts(ids: list[str], controls: dict) -> None:
     """Charts, tables and samples of the chosen view (re-run alone every CHARTS_EVERY_S while live)."""
-    labels = run_labels(_selected_runs(ids))
+    records = store().runs_by_id(ids)  # read once for the labels, the data stamp and the sweep
+    labels = run_labels(runs_frame(records))
     _chart_help([k for k in controls["panels"] if controls["logged"] & set(resolve_panel(k).metrics)])
     _export_notice()
-    (_arms_view if controls["view"] == "arms" else _per_run_view)(ids, controls, labels)
+    (_arms_view if controls["view"] == "arms" else _per_run_view)(ids, controls, labels, records)
     _samples(ids, labels)
 
 

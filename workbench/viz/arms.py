@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.analysis.bands import BANDS, clip_note
+from workbench.analysis import aggregation_caption
+from workbench.analysis.bands import BANDS, Curve, FrameCodes, clip_note, curve_arrays, frame_codes
 from workbench.analysis.smoothing import check_smoothing
+from workbench.viz.wire import WireFigure
 from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
                                   ema, line_styles, plotted, resolve_panel, with_x, y_range)
 
@@ -119,28 +120,26 @@ def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: flo
                "legendgroup": name, "hoverinfo": "skip"}
 
 
-def _arm_rows(curve: pd.DataFrame):
-    """Yield (arm, columns) per arm of ``mean_curve_with_band``'s frame (arms in its order), each
-    column thinned to about ``MAX_POINTS`` keeping every spike (``keep_extremes``): x, mean,
-    ci_low, ci_high (float64) and n_seeds."""
-    arms = curve["arm"].to_numpy()
-    columns = {c: curve[c].to_numpy(dtype=np.float64) for c in ("x", "mean", "ci_low", "ci_high")}
-    columns["n_seeds"] = curve["n_seeds"].to_numpy()
-    bounds = np.r_[np.flatnonzero(np.r_[True, arms[1:] != arms[:-1]]), len(arms)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        keep = a + keep_extremes(columns["mean"][a:b], columns["ci_low"][a:b], columns["ci_high"][a:b])
-        yield arms[a], {c: v[keep] for c, v in columns.items()}
+def _arm_rows(curve: Curve):
+    """Yield (arm, columns) per arm of ``curve`` (arms in its order), each column thinned to about
+    ``MAX_POINTS`` keeping every spike (``keep_extremes``): x, mean, ci_low, ci_high (float64) and
+    n_seeds."""
+    for arm, rows in curve.arm_slices():
+        keep = rows.start + keep_extremes(curve.mean[rows], curve.ci_low[rows], curve.ci_high[rows])
+        yield arm, {"x": curve.x[keep], "mean": curve.mean[keep], "ci_low": curve.ci_low[keep],
+                    "ci_high": curve.ci_high[keep], "n_seeds": curve.n_seeds[keep]}
 
 
 def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: str, smoothing: float,
-               show_seeds: bool, confidence: float, height: int, band: str, secondary: bool, legend: bool) -> ArmChart:
-    """``arm_figure`` of a frame that already has its ``x`` column; ``colours``: arm -> colour.
-    Traces are built as plain dicts."""
+               show_seeds: bool, confidence: float, height: int, band: str, secondary: bool, legend: bool,
+               codes: FrameCodes | None = None) -> ArmChart:
+    """``arm_figure`` of a frame that already has its ``x`` column; ``colours``: arm -> colour;
+    ``codes``: ``frame_codes(frame)``, shared by the charts of one frame. Traces are built as plain dicts."""
     present = drawn_metrics(frame, panel, secondary)
     traces, captions, means, lows, highs = [], [], [], [], []
     for m, metric in enumerate(present):
-        curve = mean_curve_with_band(frame, metric, x, smoothing=_smoother(smoothing), confidence=confidence,
-                                     band=band, bounds=panel.meta(metric).bounds)
+        curve = curve_arrays(frame, metric, x, smoothing=_smoother(smoothing), confidence=confidence,
+                             band=band, bounds=panel.meta(metric).bounds, codes=codes)
         captions.append(aggregation_caption(curve, x, confidence, band, smoothing))
         for arm, rows in _arm_rows(curve):
             name = arm if len(present) == 1 else f"{arm} · {metric.split('/', 1)[-1]}"
@@ -166,7 +165,7 @@ def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: st
     # _validate=False: plotly's per-property validation of ~20 traces per chart (each array
     # copied and probed for a dataframe type) took half of the figure's time; the traces are
     # built here from a fixed set of keys, and a test validates every chart in full instead
-    fig = go.Figure(_validate=False, data=traces, layout={
+    fig = WireFigure(_validate=False, data=traces, layout={
         "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
         "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}}, "yaxis": yaxis,
         "showlegend": legend, "legend": LEGEND_SIDE, "uirevision": "keep"})
@@ -188,9 +187,9 @@ def arm_figures(df: pd.DataFrame, panels: list[str], *, x: str = "step", smoothi
     ``legend_html(arm_colours(df))`` once, every arm in one colour on every chart."""
     smoothing = check_smoothing(smoothing)
     frame = with_x(df, x)
-    colours = arm_colours(frame)
+    colours, codes = arm_colours(frame), frame_codes(frame)
     return {key: _arm_chart(frame, resolve_panel(key), colours, x, smoothing, show_seeds, confidence, height, band,
-                            secondary, legend) for key in panels}
+                            secondary, legend, codes) for key in panels}
 
 
 def arm_figure(df: pd.DataFrame, panel: Panel | str, **kwargs) -> ArmChart:

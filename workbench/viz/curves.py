@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.smoothing import check_smoothing, ema
+from workbench.viz.wire import WireFigure
 
 
 @dataclass(frozen=True)
@@ -446,7 +447,7 @@ def metric_figure(df: pd.DataFrame, panel: Panel | str, *, x: str = "step", smoo
     kind = panel.meta(present[0]) if present else panel.kind
     drawn = np.concatenate([t["y"] for t in traces]) if traces else np.empty(0)
     fixed = y_range(drawn, drawn, drawn, kind.bounds)
-    return go.Figure(_validate=False, data=traces, layout={  # built from fixed keys; a test validates it in full
+    return WireFigure(_validate=False, data=traces, layout={  # built from fixed keys; a test validates it in full
         "title": {"text": panel.title, "font": {"size": 14}, **TITLE_PLACE}, "height": height,
         "margin": {"l": 50, "r": 10, "t": 40, "b": 40}, "xaxis": {"title": {"text": X_LABELS[x]}},
         "yaxis": {"title": {"text": kind.axis}, **({"range": fixed, "autorange": False} if fixed else {})},
