@@ -149,8 +149,12 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
 
     # ---- cancel the RLOO run -------------------------------------------------------------------------
     page.get_by_test_id("stSidebar").get_by_role("link", name="Runs").click()
+    # the Runs page opens and stays open: a live Compare page's late fragment tick once took the
+    # session back to Compare (workbench/ui/page_guard.py), and the Run box below was Compare's
+    page.get_by_role("heading", name="Manage a run").wait_for()
     select_option(page, "Run", rloo_id)
     wait_until(lambda: page.get_by_label("Name", exact=True).input_value() == "rloo", 30, "the run to be selected", page=page)
+    assert page.url.split("?")[0].endswith("/runs"), page.url
     cancel = page.get_by_role("button", name="Cancel run")
     wait_until(lambda: cancel.is_enabled(), 30, "the cancel button")
     cancel.click()
