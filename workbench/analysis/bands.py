@@ -239,8 +239,10 @@ class Curve(NamedTuple):
 
     def arm_slices(self):
         """(arm name, slice of its rows) per arm, in order (an arm's rows are contiguous)."""
-        bounds = np.r_[np.flatnonzero(np.r_[True, self.arm[1:] != self.arm[:-1]]), len(self.arm)]
-        return [(self.arms[self.arm[a]], slice(a, b)) for a, b in zip(bounds[:-1], bounds[1:])] if len(self.arm) else []
+        if not len(self.arm):
+            return []
+        bounds = np.r_[_starts(self.arm), len(self.arm)]
+        return [(self.arms[self.arm[a]], slice(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def curve_arrays(df: pd.DataFrame, metric: str, x: str = "step", *, smoothing: Smoother | None = None,
