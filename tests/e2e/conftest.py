@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.wire_log import WireLog
 from tests.helpers import apt_install, home_with_tiny_model, missing_component
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,5 +112,6 @@ def browser_page(chromium, server):
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
         page.set_default_timeout(180_000)  # a liveness bound on a machine shared with the other test partition
+        page.wire = WireLog(page)  # the websocket's exchanges, for a failure's message
         yield page
         browser.close()

@@ -72,7 +72,10 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.5, page=Non
     if page is not None:
         page.screenshot(path=str(FAILURE_SHOT), full_page=True)
         alerts = [a.inner_text() for a in page.locator("[data-testid='stAlert'], [data-testid='stException']").all()]
-        text = f"messages: {alerts}; " + page.locator("section.main, [data-testid='stMain']").first.inner_text()[:1500]
+        text = (f"address: {page.url}; messages: {alerts}; "
+                + page.locator("section.main, [data-testid='stMain']").first.inner_text()[:1500])
+        if hasattr(page, "wire"):
+            text += f"\nthe websocket's last exchanges:\n{page.wire.text()}"
     pytest.fail(f"timed out after {timeout} s waiting for {what}; screenshot {FAILURE_SHOT}; page text: {text}")
 
 
@@ -151,7 +154,8 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
     page.get_by_test_id("stSidebar").get_by_role("link", name="Runs").click()
     # the Runs page opens and stays open: a live Compare page's late fragment tick once took the
     # session back to Compare (workbench/ui/page_guard.py), and the Run box below was Compare's
-    page.get_by_role("heading", name="Manage a run").wait_for()
+    heading = page.get_by_role("heading", name="Manage a run")
+    wait_until(heading.is_visible, 60, "the Runs page", page=page)
     select_option(page, "Run", rloo_id)
     wait_until(lambda: page.get_by_label("Name", exact=True).input_value() == "rloo", 30, "the run to be selected", page=page)
     assert page.url.split("?")[0].endswith("/runs"), page.url
@@ -167,10 +171,17 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
     page.screenshot(path=str(screenshots / "runs.png"))
 
     # ---- export its sbatch script ---------------------------------------------------------------------
-    page.get_by_role("button", name="Export this run (YAML, bash, sbatch)").click()
-    page.get_by_role("tab", name="sbatch").click()
+    export = page.get_by_role("button", name="Export this run (YAML, bash, sbatch)")
+    wait_until(export.is_visible, 60, "the Export button", page=page)
+    export.click()
+    sbatch_tab = page.get_by_role("tab", name="sbatch")
+    wait_until(sbatch_tab.is_visible, 60, "the Export page", page=page)
+    sbatch_tab.click()
+    download_button = page.get_by_role("button", name="Download sbatch script")
+    wait_until(download_button.is_visible, 60, "the sbatch script", page=page)
+    assert page.url.split("?")[0].endswith("/export"), page.url
     with page.expect_download() as download:
-        page.get_by_role("button", name="Download sbatch script").click()
+        download_button.click()
     target = tmp_path / download.value.suggested_filename
     download.value.save_as(target)
     script = target.read_text()
