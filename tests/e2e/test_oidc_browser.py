@@ -32,6 +32,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT, SERVER_FLAGS, free_port, wait_healthy
 from tests.e2e.test_browser import wait_until
+from tests.e2e.wire_log import WireLog
 from tests.helpers import home_with_tiny_model, missing_component
 from workbench.runs import RunStore, cancel
 from workbench.runs.authz import local_principal
@@ -198,6 +199,7 @@ def user_page(browser):
     context.route("https://**/*", lambda route: route.abort())
     page = context.new_page()
     page.set_default_timeout(180_000)  # a liveness bound on a machine shared with the other test partition
+    page.wire = WireLog(page)  # the websocket's exchanges, for a failure's message (wait_until)
     forger = ClickForger(page)
     try:
         yield page, forger
@@ -344,6 +346,8 @@ def test_viewer_member_admin_through_the_identity_provider(browser, app, store, 
         wait_until(lambda: store.get_run(admins_run)["status"] == "cancelled", 60, "the forged cancel obeyed", page=page)
 
         page.get_by_test_id("stSidebar").get_by_role("link", name="Audit").click()
+        # the Audit page itself (the Runs page left behind has a table too)
+        wait_until(lambda: page.get_by_role("button", name="Download CSV").count(), 60, "the Audit page", page=page)
         page.get_by_test_id("stDataFrame").wait_for()
         with page.expect_download() as download:
             page.get_by_role("button", name="Download CSV").click()

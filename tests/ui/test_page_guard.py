@@ -52,73 +52,93 @@ st.navigation([st.Page(a, title="A", url_path="a", default=True), PAGE_B]).run()
 GUARD = "from workbench.ui import page_guard; page_guard.install()"
 
 
-async def _pages_after_a_stale_tick(port: int, change: str) -> list[str]:
+class Wire:
+    """A websocket client speaking as the browser does: ``send`` a rerun request, ``pump`` the
+    server's messages, noting the app's page hashes by URL path (``hashes``), the page of each run
+    and navigation in order (``seen``), the newest fragment timer, finished runs and buttons."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.hashes: dict[str, str] = {}
+        self.seen: list[str] = []
+        self.fragment = self.button = None
+        self.finished = self.buttons = 0
+
+    async def pump(self, seconds: float, stop_when=lambda: False) -> None:
+        until = time.time() + seconds
+        while time.time() < until and not stop_when():
+            try:
+                raw = await asyncio.wait_for(self.ws.recv(), timeout=max(0.01, until - time.time()))
+            except asyncio.TimeoutError:
+                return
+            message = ForwardMsg()
+            message.ParseFromString(raw)
+            kind = message.WhichOneof("type")
+            if kind == "navigation":
+                self.hashes.update({p.url_pathname or "a": p.page_script_hash for p in message.navigation.app_pages})
+                self.seen.append(message.navigation.page_script_hash)
+            elif kind == "new_session":
+                self.seen.append(message.new_session.page_script_hash)
+            elif kind == "auto_rerun":
+                self.fragment = message.auto_rerun.fragment_id
+            elif kind == "script_finished":
+                self.finished += 1
+            elif kind == "delta" and message.delta.new_element.WhichOneof("type") == "button":
+                self.button = message.delta.new_element.button.id
+                self.buttons += 1
+
+    def send(self, widgets=(), **fields):
+        message = BackMsg()
+        for name, value in fields.items():
+            setattr(message.rerun_script, name, value)
+        message.rerun_script.widget_states.widgets.extend(widgets)
+        return self.ws.send(message.SerializeToString())
+
+    def click(self, page: str):
+        return self.send(page_script_hash=self.hashes[page], widgets=[WidgetState(id=self.button, trigger_value=True)])
+
+    def pages(self) -> list[str]:
+        """``seen`` as page names ("A", "B"), in order."""
+        names = {h: name.upper() for name, h in self.hashes.items()}
+        return [names.get(h, "main") for h in self.seen]
+
+
+async def _pages_after_a_stale_tick(wire: Wire, change: str) -> list[str]:
     """Open page A, go to B (``change``: "link", the browser asks for B as a sidebar link does;
     "button", A's button calls st.switch_page), and once B runs send A's fragment tick, as the
     browser's re-armed timer does. The pages the server then says the session is on ("A" / "B",
     in order: its navigation and new-session messages)."""
+    await wire.send(query_string="")  # the browser opens the app: page A
+    await wire.pump(60, lambda: wire.fragment and wire.finished and wire.button)
+    await (wire.send(page_script_hash=wire.hashes["b"]) if change == "link" else wire.click("a"))
+    await wire.pump(60, lambda: wire.seen and wire.seen[-1] == wire.hashes["b"])  # B runs (3 s)
+    finished = wire.finished
+    await wire.send(page_script_hash=wire.hashes["a"], fragment_id=wire.fragment, is_auto_rerun=True)  # A's tick
+    await wire.pump(60, lambda: wire.finished > finished)  # B ends
+    await wire.pump(3)  # and anything queued behind it
+    return wire.pages()
+
+
+def _serve(tmp_path, app: str, race, *args) -> list[str]:
+    """Serve ``app`` with `streamlit run` and run ``race(wire, *args)`` against it; its result."""
     import websockets
 
-    async with websockets.connect(f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=["streamlit"]) as ws:
-        hashes: dict[str, str] = {}
-        seen: list[str] = []
-        state = {"fragment": None, "finished": 0, "button": None}
-
-        async def pump(until, stop_when=lambda: False):
-            while time.time() < until and not stop_when():
-                try:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=max(0.01, until - time.time()))
-                except asyncio.TimeoutError:
-                    return
-                message = ForwardMsg()
-                message.ParseFromString(raw)
-                kind = message.WhichOneof("type")
-                if kind == "navigation":
-                    hashes.update({p.url_pathname or "a": p.page_script_hash for p in message.navigation.app_pages})
-                    seen.append(message.navigation.page_script_hash)
-                elif kind == "new_session":
-                    seen.append(message.new_session.page_script_hash)
-                elif kind == "auto_rerun":
-                    state["fragment"] = message.auto_rerun.fragment_id
-                elif kind == "script_finished":
-                    state["finished"] += 1
-                elif kind == "delta" and message.delta.new_element.WhichOneof("type") == "button":
-                    state["button"] = message.delta.new_element.button.id
-
-        def send(widgets=(), **fields):
-            message = BackMsg()
-            for name, value in fields.items():
-                setattr(message.rerun_script, name, value)
-            message.rerun_script.widget_states.widgets.extend(widgets)
-            return ws.send(message.SerializeToString())
-
-        await send(query_string="")  # the browser opens the app: page A
-        await pump(time.time() + 60, lambda: state["fragment"] and state["finished"] and state["button"])
-        if change == "link":
-            await send(page_script_hash=hashes["b"])
-        else:
-            await send(page_script_hash=hashes["a"], widgets=[WidgetState(id=state["button"], trigger_value=True)])
-        await pump(time.time() + 60, lambda: seen and seen[-1] == hashes["b"])  # B runs (3 s)
-        finished = state["finished"]
-        await send(page_script_hash=hashes["a"], fragment_id=state["fragment"], is_auto_rerun=True)  # A's tick
-        await pump(time.time() + 60, lambda: state["finished"] > finished)  # B ends
-        await pump(time.time() + 3)  # and anything queued behind it
-        names = {h: name.upper() for name, h in hashes.items()}
-        return [names.get(h, "main") for h in seen]
-
-
-def _serve_and_race(tmp_path, guard: str, change: str) -> list[str]:
-    script = tmp_path / f"app{len(guard)}.py"
-    script.write_text(APP.format(guard=guard))
+    script = tmp_path / f"app{abs(hash(app))}.py"
+    script.write_text(app)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
                              "--server.address", "127.0.0.1", "--server.port", str(port),
                              "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "WORKBENCH_HOME": str(tmp_path)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def connect_and_race():
+        async with websockets.connect(f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=["streamlit"]) as ws:
+            return await race(Wire(ws), *args)
+
     try:
         assert health(port) == "ok"
-        return asyncio.run(_pages_after_a_stale_tick(port, change))
+        return asyncio.run(connect_and_race())
     finally:
         stop(proc)
 
@@ -128,11 +148,63 @@ def test_a_stale_fragment_tick_does_not_take_the_session_back(tmp_path, change):
     """A sidebar link, and a button calling st.switch_page (Runs -> "Export this run", where the
     page the browser shows went blank: the session's page was then learnt only from the browser)."""
     pytest.importorskip("websockets")
-    unguarded = _serve_and_race(tmp_path, guard="", change=change)
+    unguarded = _serve(tmp_path, APP.format(guard=""), _pages_after_a_stale_tick, change)
     assert unguarded[-1] == "A" and "B" in unguarded, unguarded  # the bounce, without the guard
-    guarded = _serve_and_race(tmp_path, guard=GUARD, change=change)
+    guarded = _serve(tmp_path, APP.format(guard=GUARD), _pages_after_a_stale_tick, change)
     assert guarded[-1] == "B", guarded
     assert guarded.count("A") == unguarded.count("A") - 1  # only the stale tick's run is gone
+
+
+# Page A: a button whose action takes a while and then redraws the page (st.rerun), as the Runs
+# page's "Cancel run" does; page B: another page.
+ACTION_APP = """
+import time
+
+import streamlit as st
+{guard}
+
+def a():
+    st.write("page A")
+    if st.button("act"):
+        time.sleep(2)  # the action (a cancel: signals, the store, the audit log)
+        st.rerun()
+
+
+def b():
+    st.write("page B")
+
+
+st.navigation([st.Page(a, title="A", url_path="a", default=True), st.Page(b, title="B", url_path="b")]).run()
+"""
+ONE_THREAD = "from streamlit import config; config.set_option('runner.fastReruns', False)"
+
+
+async def _pages_after_a_click_during_an_action(wire: Wire) -> list[str]:
+    """Open page A, click its button, and while the action runs ask for page B (a sidebar link).
+    The pages the server then runs and navigates to, in order."""
+    await wire.send(query_string="")  # the browser opens the app: page A
+    await wire.pump(60, lambda: wire.finished and wire.button)
+    await wire.click("a")
+    await wire.pump(60, lambda: wire.buttons == 2)  # the click's run draws the button, then acts
+    await asyncio.sleep(0.5)
+    await wire.send(page_script_hash=wire.hashes["b"])  # the user goes to B while the action runs
+    await wire.pump(10)  # the action ends, and everything queued behind it runs
+    return wire.pages()
+
+
+def test_a_page_clicked_during_an_action_opens_after_it(tmp_path):
+    """Rule 5, on a real server: the user clicks page B while page A's button runs its action, which
+    ends in st.rerun() (the Runs page's "Cancel run", then Audit in the sidebar: the admin's Audit
+    page never showed). With one script thread and Streamlit's fold the script's own rerun, newer,
+    wins: the session stays on A (the control). With the guard B opens, as with Streamlit's
+    default fast reruns, where the click stops the script before it asks."""
+    pytest.importorskip("websockets")
+    race = _pages_after_a_click_during_an_action
+    assert _serve(tmp_path, ACTION_APP.format(guard=""), race)[-1] == "B"  # Streamlit's defaults
+    one_thread = _serve(tmp_path, ACTION_APP.format(guard=ONE_THREAD), race)
+    assert one_thread[-1] == "A" and "B" not in one_thread, one_thread  # the race, with rule 4 alone
+    guarded = _serve(tmp_path, ACTION_APP.format(guard=GUARD), race)
+    assert guarded[-1] == "B", guarded
 
 
 def test_the_app_installs_the_guard():
@@ -195,6 +267,46 @@ def test_fold_into_pending_is_streamlits_fold_but_for_the_page():
     assert folded.fragment_id == "f1" and folded.widget_states is tick.widget_states
     for pending, new in [(None, tick), (_rerun("A", "f0"), tick), (_rerun("B"), _rerun("C"))]:
         assert fold_into_pending(pending, new) is new
+
+
+def test_users_request_wins():
+    """Rule 5 alone: only the script's whole-app request over a pending whole-app one gives way."""
+    from workbench.ui.page_guard import users_request_wins
+
+    tick = _rerun("A", "f1", is_auto_rerun=True)
+    assert users_request_wins(_rerun("B"), _rerun("A"), from_script=True)
+    for pending, new, from_script in [(_rerun("B"), _rerun("A"), False),  # the user's newer request: Streamlit's fold
+                                      (None, _rerun("A"), True),           # nothing pending
+                                      (tick, _rerun("A"), True),           # a tick pending: the script's full rerun
+                                      (_rerun("B"), tick, True)]:          # a fragment's own rerun: rule 3
+        assert not users_request_wins(pending, new, from_script)
+
+
+def test_a_scripts_rerun_gives_way_to_the_users_pending_request():
+    """On Streamlit's own ScriptRequests: the user's request is pending when the script, on its own
+    thread (a script run context), asks to rerun its page; the runner then takes the user's."""
+    import threading
+
+    from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequests, ScriptRequestType
+    from streamlit.runtime.scriptrunner_utils.script_run_context import ScriptRunContext, add_script_run_ctx
+
+    from workbench.ui import page_guard
+
+    page_guard.install()
+    requests = ScriptRequests()
+    assert requests.request_rerun(_rerun("B"))  # the user's, from the server's event loop (no context)
+    result = {}
+
+    def script():
+        result["accepted"] = requests.request_rerun(_rerun("A"))
+
+    thread = threading.Thread(target=script)
+    ctx = ScriptRunContext.__new__(ScriptRunContext)  # only its presence on the thread matters here
+    add_script_run_ctx(thread, ctx)
+    thread.start()
+    thread.join()
+    assert result["accepted"] and requests._state == ScriptRequestType.RERUN
+    assert requests._rerun_data.page_script_hash == "B"
 
 
 def test_one_script_thread_per_session():

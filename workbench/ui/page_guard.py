@@ -32,7 +32,13 @@ The guard, installed once per process before the app draws a page:
    tick, on a loaded machine) sets the page the new run then resolves, and the page the user
    clicked never opens. Without them the click is folded into the running thread's requests
    (rule 3) and taken at its next Streamlit call: a redraw already under way ends at its next
-   element instead of at once.
+   element instead of at once;
+5. a whole-app rerun the script asks for (``st.rerun`` after an action, ``st.switch_page``) while
+   one the user asked for is pending is dropped: the user's is newer and reruns the app anyway.
+   With one thread per session the user's click (Runs -> Audit, just after "Cancel run") waits
+   for the running script's next Streamlit call, and Streamlit folds the script's own request over
+   it, newer wins: the app drew the page it was redrawing and the page clicked never opened. With
+   fast reruns the click had stopped the script first, so this is the order Streamlit itself keeps.
 """
 
 from __future__ import annotations
@@ -67,6 +73,13 @@ def fold_into_pending(pending, new):
     return replace(new, page_script_hash=pending.page_script_hash, page_name=pending.page_name,
                    query_string=pending.query_string, is_auto_rerun=pending.is_auto_rerun,
                    context_info=pending.context_info)
+
+
+def users_request_wins(pending, new, from_script: bool) -> bool:
+    """Rule 5: whether ``new``, asked for by the script itself (``from_script``), is dropped in
+    favour of ``pending``: both rerun the whole app. A pending whole-app request cannot be the
+    script's own (the script stops at the request it makes), so it is the user's, and newer."""
+    return from_script and pending is not None and full_rerun(pending) and full_rerun(new)
 
 
 def _session_page(pages) -> str | None:
@@ -108,22 +121,27 @@ def _learn_resolved_pages(ScriptRunContext) -> None:
 
 def _guard_the_folding(ScriptRequests, RERUN, get_script_run_ctx) -> None:
     """Where Streamlit folds a request into the pending one: a full request made by the script
-    itself (st.switch_page, st.rerun) names the session's page at once, and a fragment rerun
-    folded into a pending full rerun keeps the full rerun's page."""
+    itself (st.switch_page, st.rerun) gives way to a pending one of the user's, else names the
+    session's page at once; a fragment rerun folded into a pending full rerun keeps the full
+    rerun's page."""
     original = ScriptRequests._request_rerun_locked
 
     def _request_rerun_locked(self, new_data):
         ctx = get_script_run_ctx(suppress_warning=True)  # None on the server's event loop (the browser's requests)
+        pending = self._rerun_data if self._state == RERUN else None
+        if users_request_wins(pending, new_data, from_script=ctx is not None):
+            _LOG.info("kept the user's pending rerun of page %s over the script's of page %s",
+                      pending.page_script_hash, new_data.page_script_hash)
+            return True  # the script's next Streamlit call takes the user's request
         if ctx is not None and full_rerun(new_data):
             _set_session_page(ctx.pages_manager, new_data.page_script_hash)
-        pending = self._rerun_data if self._state == RERUN else None
         return original(self, fold_into_pending(pending, new_data))
 
     ScriptRequests._request_rerun_locked = _request_rerun_locked
 
 
 def install() -> None:
-    """Install the four rules once per process (idempotent)."""
+    """Install the five rules once per process (idempotent)."""
     from streamlit import config
     from streamlit.runtime.app_session import AppSession
     from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequests, ScriptRequestType
