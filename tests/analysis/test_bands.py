@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.analysis.bands import BANDS, _sorted_by, clip_band, frame_codes
+from workbench.analysis.bands import BANDS, _by_arm_then_x, _sorted_by, clip_band, frame_codes
 from workbench.viz.curves import PANELS
 
 T1 = 12.706204736174707  # t_{0.975, 1}
@@ -111,6 +111,15 @@ def test_sorted_by_says_what_lexsort_would_leave_in_place(rows):
     lexsort's own verdict (stable: rows equal on every key count as sorted)."""
     keys = [np.array([r[i] for r in rows], dtype=np.float64) for i in range(3)]
     assert _sorted_by(*keys) == bool((np.lexsort(keys[::-1]) == np.arange(len(rows))).all())
+
+
+@given(hst.lists(hst.tuples(hst.integers(0, 3), hst.integers(0, 5)), max_size=40), hst.booleans())
+def test_the_per_point_order_is_lexsorts(rows, in_arm_blocks):
+    """The per-point statistics' order (arm, then x, ties in input order) is np.lexsort's, whether
+    the arms come in blocks (sorted per block) or interleaved (lexsort itself)."""
+    rows = sorted(rows, key=lambda r: r[0]) if in_arm_blocks else rows
+    arm, xs = np.array([r[0] for r in rows], dtype=np.intp), np.array([r[1] for r in rows], dtype=np.float64)
+    assert (_by_arm_then_x(arm, xs) == np.lexsort((xs, arm))).all()
 
 
 BOUNDED = [(key, metric) for key, panel in PANELS.items() for metric in panel.metrics

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.analysis.smoothing import MAX_SMOOTHING, check_smoothing, ema, smoothing_caption
+from workbench.analysis.smoothing import EMA, MAX_SMOOTHING, check_smoothing, ema, ema_rows, smoothing_caption
 
 NAN = math.nan
 
@@ -109,3 +109,31 @@ def test_each_seed_is_smoothed_before_the_mean_and_band_and_the_caption_says_so(
     assert raw["mean"].tolist() == [1.0, 2.0, 3.0] and raw["ci_low"].tolist() == [0.0, 2.0, 2.0]
     assert aggregation_caption(raw, band="minmax") == "a: 2 seeds · band: min-max over seeds where >= 2"
     assert smoothing_caption(0.0) == ""
+
+
+@given(hst.lists(hst.lists(hst.sampled_from([0.0, 1.0, -2.5, 0.3, 7.0, math.nan, math.inf]), min_size=4, max_size=4),
+                 min_size=1, max_size=5),
+       hst.sampled_from([0.0, 0.3, 0.6, 0.99]))
+def test_ema_rows_is_ema_row_by_row(rows, weight):
+    """The arms view smooths all seeds of one length in one filter call: every row equals ``ema`` of
+    that row alone, bit for bit, constant rows and rows with NaN / inf included."""
+    x = np.array(rows, dtype=np.float64)
+    together = ema_rows(x, weight)
+    for row, alone in zip(together, x):
+        assert np.array_equal(row, ema(alone, weight), equal_nan=True)
+    assert np.array_equal(EMA(weight).rows(x), together, equal_nan=True)
+    assert np.array_equal(EMA(weight)(x[0]), ema(x[0], weight), equal_nan=True)
+
+
+def test_the_arms_view_bands_are_the_same_with_seeds_smoothed_together():
+    """``mean_curve_with_band`` smooths seeds of equal length together when the smoother can
+    (``EMA``): the same curve and band as a smoother of one seed at a time, for live seeds of
+    unequal length."""
+    rng = np.random.default_rng(5)
+    rows = [(f"a{arm}s{seed}", f"a{arm}", seed, step, float(rng.normal()))
+            for arm in range(3) for seed in range(3) for step in range((40, 40, int(rng.integers(3, 40)))[seed])]
+    df = pd.DataFrame(rows, columns=["run_id", "arm", "seed", "step", "reward"])
+    together = mean_curve_with_band(df, "reward", smoothing=EMA(0.6))
+    one_by_one = mean_curve_with_band(df, "reward", smoothing=functools.partial(ema, weight=0.6))
+    pd.testing.assert_frame_equal(together, one_by_one, check_exact=True)
+    assert not together.equals(mean_curve_with_band(df, "reward"))  # the smoothing acted

@@ -6,6 +6,7 @@ import itertools
 import math
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -14,8 +15,8 @@ from scipy import stats
 
 from workbench.analysis import (aggregation_caption, arm_summary, default_metric, final_window_scores, final_window_values,
                                 mean_curve_with_band, pairwise, probability_of_improvement, seeds_needed, sweep_table)
-from workbench.analysis.stats import (iqm_interval, pooled_effect_size, t_test_power, welch_interval,
-                                      window_length)
+from workbench.analysis.stats import (iqm_interval, pooled_effect_size, seeds_needed_each, t_test_power,
+                                      welch_interval, window_length)
 
 T_975_DF2 = 4.302652729749464  # Student t quantile t_{0.975, 2} (tables: 4.303)
 T_975_DF1 = 12.706204736174707  # t_{0.975, 1} (tables: 12.706)
@@ -190,6 +191,45 @@ def test_pairwise_rows_of_identical_and_single_seed_arms():
     apart = pairwise({"A": [1.0, 1, 1], "B": [2.0, 2, 2]}).iloc[0]
     assert (apart["diff_ci_low"], apart["diff_ci_high"], apart["p_value"]) == (-1.0, -1.0, 0.0)
     assert apart["verdict"] == "B > A: the interval excludes 0" and apart["seeds_needed"] == 2
+
+
+def test_pairwise_equals_scipy_pair_by_pair():
+    """``pairwise`` stacks pairs of equal seed counts and runs each test once per stack; every row
+    equals scipy run on that pair alone (to a few ulps: numpy sums a stacked row in another order),
+    for arms of 1-6 seeds, with ties, and with no spread."""
+    rng = np.random.default_rng(11)
+    for _ in range(15):
+        arms = {f"arm{i}": rng.normal(size=rng.integers(1, 7)).round(int(rng.integers(0, 3)))
+                for i in range(rng.integers(2, 8))}
+        arms["flat"] = np.full(3, 0.5)
+        for baseline in (None, "flat"):
+            for _, row in pairwise(arms, baseline=baseline).iterrows():
+                a, b = arms[row["a"]], arms[row["b"]]
+                assert row["p_improvement"] == stats.mannwhitneyu(a, b).statistic / (len(a) * len(b))
+                if min(len(a), len(b)) < 2:
+                    assert math.isnan(row["diff_ci_low"]) and math.isnan(row["effect_size"])
+                    continue
+                with warnings.catch_warnings():  # scipy warns on arms with no spread
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    test = stats.ttest_ind(a, b, equal_var=False)
+                    ci = test.confidence_interval(0.95)
+                got = row[["diff_ci_low", "diff_ci_high", "p_value", "effect_size"]].to_numpy(np.float64)
+                assert got == pytest.approx([ci.low, ci.high, test.pvalue, pooled_effect_size(a, b)],
+                                            rel=1e-13, abs=1e-15, nan_ok=True)
+
+
+def test_seeds_needed_of_many_effect_sizes_at_once_equals_each_alone():
+    """The verdict table asks for all its pairs in one vectorised search; each answer is the one the
+    search gives that effect size alone, and the smallest n with enough power (checked here with
+    t_test_power itself), for gaps from tiny to none and infinite."""
+    ds = [0.0, math.inf, 1e-4, 0.0115, 0.05, 0.3, 0.5, 0.8, 1.0, 2.5, 10.0, 50.0, *np.linspace(0.07, 4.0, 23)]
+    for alpha, power in [(0.05, 0.8), (0.01, 0.9)]:
+        together = seeds_needed_each(ds, alpha, power)
+        assert together == [seeds_needed_each([d], alpha, power)[0] for d in ds]
+        for d, n in zip(ds, together):
+            if n is not None and n > 2 and math.isfinite(d):
+                assert t_test_power(d, n, alpha) >= power > t_test_power(d, n - 1, alpha)
+        assert together[:3] == [None, 2, None]
 
 
 @pytest.mark.parametrize("d, n", [(1.0, 17), (0.8, 26), (0.5, 64)])

@@ -105,3 +105,31 @@ def test_new_rows_of_more_runs_than_one_query_can_name_are_read(store):
     after = {f"absent{i:04d}": 0 for i in range(1500)} | {a: 0, b: -1}
     got = store.metrics_after(after)
     assert list(zip(got["run_id"], got["step"])) == [(a, 1), (a, 2), (b, 0), (b, 1)]
+
+
+def _merged(arms: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """arm_frame's definition: the inner merge on run_id, key columns first."""
+    frame = arms.merge(metrics, on="run_id", how="inner")
+    first = ["run_id", "arm", "seed", "step", "time"]
+    return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
+
+
+def test_arm_frame_is_the_inner_merge_of_the_runs_arms_and_their_rows():
+    """``arm_frame`` builds the merge by positions; it equals pandas' merge for runs in any order,
+    runs without rows, rows of runs not asked for, unknown seeds, and no rows at all."""
+    import numpy as np
+
+    from workbench.runs.store import arm_frame
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        ids = [f"r{i}" for i in range(int(rng.integers(1, 9)))]
+        rows = [(i, s, float(s), *rng.normal(size=2)) for i in ids + ["other"] for s in range(int(rng.integers(0, 5)))]
+        rng.shuffle(rows)
+        metrics = pd.DataFrame(rows, columns=["run_id", "step", "time", "reward", "kl"])
+        if trial % 5 == 0:
+            metrics = pd.DataFrame(columns=["run_id", "step", "time"])  # no run has a row yet
+        asked = list(rng.permutation(ids))
+        arms = pd.DataFrame([(i, f"arm{k % 3}", None if k == 0 else k) for k, i in enumerate(asked)],
+                            columns=["run_id", "arm", "seed"])
+        pd.testing.assert_frame_equal(arm_frame(arms, metrics), _merged(arms, metrics))

@@ -4,8 +4,9 @@ Input is a long metrics frame, one row per (run, step): ``run_id``, ``arm`` (a r
 seed, supplied by the caller), the x column and the metric. The x column is ``step`` or one the
 caller adds per run (``tokens``, ``wall time``: the x-axis functions of ``workbench.viz.curves``;
 this layer sits below viz and does not import it). Smoothing is the caller's function (e.g.
-``functools.partial(workbench.analysis.smoothing.ema, weight=0.6)``), applied to each seed's curve before
-seeds are averaged, so the band shows the spread of the smoothed curves the user sees.
+``workbench.analysis.smoothing.EMA(0.6)``, which also smooths many seeds of one length at once),
+applied to each seed's curve before seeds are averaged, so the band shows the spread of the
+smoothed curves the user sees.
 
 Live runs are at different steps: a point aggregates the seeds that have reached it, the count is
 returned with it (``n_seeds``) and the band exists only where n_seeds >= 2.
@@ -147,10 +148,17 @@ def _starts(codes: np.ndarray) -> np.ndarray:
 
 def _smoothed(p: _Points, smoothing: Smoother | None) -> np.ndarray:
     """Each run's ys through ``smoothing`` (its finite points in x order): (P,)."""
-    if smoothing is None:
+    if smoothing is None or not len(p.y):
         return p.y
     bounds = np.r_[_starts(p.run), len(p.run)]
-    return np.concatenate([smoothing(p.y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]) if len(p.y) else p.y
+    rows = getattr(smoothing, "rows", None)  # the smoother of many seeds of one length at once
+    if rows is None:
+        return np.concatenate([smoothing(p.y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])])
+    out, starts, lengths = np.empty_like(p.y), bounds[:-1], np.diff(bounds)
+    for length in np.unique(lengths):  # seeds of equal length (all of them, once runs have finished)
+        at = starts[lengths == length][:, None] + np.arange(length)  # (seeds, length) positions
+        out[at] = rows(p.y[at])
+    return out
 
 
 def _on_grid(p: _Points, ys: np.ndarray, grid_points: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -169,10 +177,21 @@ def _on_grid(p: _Points, ys: np.ndarray, grid_points: int | None) -> tuple[np.nd
     return np.concatenate(arm), np.concatenate(xs), np.concatenate(out)
 
 
+def _by_arm_then_x(arm: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """``np.lexsort((xs, arm))``: the order by arm code, then x, ties in input order. (Q,) -> (Q,).
+    Where the arms come in blocks of ascending code (the arms view's frame: its seeds' runs follow
+    each other), each block's x are sorted alone: their seeds' runs are each sorted already, which
+    a stable sort merges in a pass or two, ~3x faster than lexsort for 30 seeds x 1,000 steps."""
+    if len(arm) < 2 or (np.diff(arm) < 0).any():
+        return np.lexsort((xs, arm))
+    bounds = np.r_[_starts(arm), len(arm)]
+    return np.concatenate([a + np.argsort(xs[a:b], kind="stable") for a, b in zip(bounds[:-1], bounds[1:])])
+
+
 def _per_point(arm: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> dict[str, np.ndarray]:
     """Mean, std (ddof 1; NaN for one seed), count, min and max of ys per (arm, x), rows sorted by
     arm code then x. arm, xs, ys: (Q,) -> columns (P,)."""
-    order = np.lexsort((xs, arm))
+    order = _by_arm_then_x(arm, xs)
     arm, xs, ys = arm[order], xs[order], ys[order]
     key_change = np.r_[True, (arm[1:] != arm[:-1]) | (xs[1:] != xs[:-1])]
     starts = np.flatnonzero(key_change)

@@ -11,6 +11,7 @@ Below viz and runs (pure numpy / scipy), so the analysis captions can name the w
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,6 +56,41 @@ def ema(values, weight: float) -> np.ndarray:
     s = lfilter([1.0 - weight], [1.0, -weight], x[ok])
     x[ok] = s / (1.0 - np.cumprod(np.full(len(s), weight)))
     return x
+
+
+def ema_rows(rows, weight: float) -> np.ndarray:
+    """``ema`` of each row of ``rows``, the same numbers, in one filter call for all rows (the arms
+    view smooths 30 seeds x 11 charts per redraw: a call per seed cost ~0.2 ms each).
+
+    rows: (R, N) -> (R, N) float64, a new array. A row with a non-finite value goes through ``ema``
+    alone (its average skips those values; the rows would no longer share one w^n)."""
+    weight = check_smoothing(weight)
+    x = np.array(rows, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"rows of shape {x.shape} are not allowed; a 2-d array (runs, values)")
+    if weight == 0.0 or not x.size:
+        return x
+    plain = np.isfinite(x).all(axis=1) & ~(x == x[:, :1]).all(axis=1)  # rows ema filters (not constant)
+    from scipy.signal import lfilter
+
+    s = lfilter([1.0 - weight], [1.0, -weight], x[plain], axis=-1)
+    x[plain] = s / (1.0 - np.cumprod(np.full(x.shape[1], weight)))
+    for i in np.flatnonzero(~np.isfinite(x).all(axis=1)):
+        x[i] = ema(x[i], weight)
+    return x
+
+
+class EMA(NamedTuple):
+    """The smoothing of the charts as a ``bands.Smoother``: ``EMA(w)(values)`` is ``ema(values, w)``
+    for one seed, ``EMA(w).rows(values)`` is ``ema_rows`` for many of one length at once."""
+
+    weight: float
+
+    def __call__(self, values) -> np.ndarray:
+        return ema(values, self.weight)
+
+    def rows(self, rows) -> np.ndarray:
+        return ema_rows(rows, self.weight)
 
 
 def smoothing_caption(weight: float) -> str:

@@ -88,7 +88,8 @@ def check_independent_seeds(df: pd.DataFrame) -> None:
     interval narrowed by copies. The store refuses such runs since seeds became unique per arm;
     a file from before may still hold them (launches that raced). Runs of unknown seed are not
     checked."""
-    runs = df.loc[df["seed"].notna(), ["run_id", "arm", "seed"]].drop_duplicates("run_id")
+    runs = df.iloc[_first_rows(df["run_id"])][["run_id", "arm", "seed"]]
+    runs = runs[runs["seed"].notna()]
     twice = runs[runs.duplicated(["arm", "seed"], keep=False)]
     if twice.empty:
         return
@@ -98,6 +99,14 @@ def check_independent_seeds(df: pd.DataFrame) -> None:
                              f"{'; ...' if len(pairs) > 3 else ''}): a run with the same seed is a copy, not an independent "
                              "replicate, so no verdict is computed; delete all but one run of each seed "
                              "(`python -m workbench runs delete ID`)")
+
+
+def _first_rows(run_id: pd.Series) -> np.ndarray:
+    """Positions of each run's first row, runs in order of first appearance (one hash pass over the
+    ids: a frame's ``drop_duplicates`` took ~7 ms for 30 runs x 1,000 steps, per render)."""
+    codes, _ = pd.factorize(run_id, sort=False)
+    _, first = np.unique(codes, return_index=True)
+    return first
 
 
 def check_columns(df: pd.DataFrame, needed: Sequence[str]) -> None:
@@ -164,18 +173,22 @@ def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = DEFA
     if not isinstance(window_frac, Real) or not 0.0 < float(window_frac) <= 1.0:
         raise ValueError(f"window_frac={window_frac!r} is not allowed; use a fraction of the steps in (0, 1]")
     columns = ["run_id", "arm", "seed", "score", "window_steps", "first_step", "last_step"]
-    logged = df.loc[finite(df[metric]), [*RUN_KEY_COLUMNS, metric]].sort_values("step", kind="stable")
-    # each run's rows in step order, runs in order of first appearance, as arrays: a pandas group
-    # per run took ~4 ms each, most of the verdict's time for 30 runs
-    codes, run_ids = pd.factorize(logged["run_id"], sort=False)
-    order = np.argsort(codes, kind="stable")
-    values = logged[metric].to_numpy(dtype=np.float64)[order]
-    steps = logged["step"].to_numpy()[order]
-    ends = np.r_[np.flatnonzero(np.diff(codes[order])) + 1, len(order)]
+    # each run's logged rows in step order, runs in order of first appearance in step order, as
+    # arrays: a pandas group per run took ~4 ms each, and a sorted copy of the frame ~10 ms
+    logged = np.flatnonzero(finite(df[metric]).to_numpy())  # (L,) positions in df
+    steps = df["step"].to_numpy()[logged]
+    by_step = np.argsort(steps, kind="stable")
+    codes, run_ids = pd.factorize(df["run_id"].iloc[logged[by_step]], sort=False)
+    order = by_step[np.argsort(codes, kind="stable")]  # (L,) into logged: by run, then step
+    values = pd.to_numeric(df[metric].iloc[logged[order]]).to_numpy(dtype=np.float64)
+    steps = steps[order]
+    ends = np.r_[np.flatnonzero(np.diff(np.sort(codes, kind="stable"))) + 1, len(order)]
+    starts = np.r_[0, ends[:-1]]
+    firsts = df.iloc[logged[order[starts]]] if len(order) else df.iloc[:0]  # each run's first logged row
     rows = []
-    for run_id, start, end in zip(run_ids, np.r_[0, ends[:-1]], ends):
+    for run_id, arm, seed, start, end in zip(run_ids, firsts["arm"], firsts["seed"], starts, ends):
         first = end - window_length(int(end - start), float(window_frac))
-        rows.append({"run_id": run_id, "arm": str(logged["arm"].iloc[order[start]]), "seed": logged["seed"].iloc[order[start]],
+        rows.append({"run_id": run_id, "arm": str(arm), "seed": seed,
                      "score": float(values[first:end].mean()), "window_steps": int(end - first),
                      "first_step": int(steps[first]), "last_step": int(steps[end - 1])})
     return in_arm_order(pd.DataFrame(rows, columns=columns), list(pd.unique(df["arm"].astype(str))), "seed")
@@ -199,8 +212,11 @@ def mean_interval(mean, std, n, confidence: float = 0.95) -> tuple[np.ndarray, n
     half = np.full(mean.shape, np.nan)
     ok = n >= 2
     # t quantile times the standard error (not stats.t.interval: it answers NaN for a zero spread,
-    # and seeds that all score 1.0 have the interval [1, 1])
-    half[ok] = stats.t.ppf((1 + confidence) / 2, n[ok] - 1) * std[ok] / np.sqrt(n[ok])
+    # and seeds that all score 1.0 have the interval [1, 1]); the quantile once per distinct n
+    # (a curve's 10,000 points have two or three seed counts; scipy per point took ~1.5 ms a chart)
+    counts, which = np.unique(n[ok], return_inverse=True)
+    quantile = stats.t.ppf((1 + confidence) / 2, counts - 1)[which.reshape(-1)]
+    half[ok] = quantile * std[ok] / np.sqrt(n[ok])
     return mean - half, mean + half
 
 
@@ -253,16 +269,20 @@ def arm_summary(scores_by_arm: Scores, confidence: float = 0.95) -> pd.DataFrame
 
 
 # -- per pair -------------------------------------------------------------------------------------
-def probability_of_improvement(a: np.ndarray, b: np.ndarray) -> float:
+def probability_of_improvement(a: np.ndarray, b: np.ndarray):
     """P(A > B) of Agarwal et al. 2021: the share of the n_A n_B seed pairs in which A's score beats
     B's, ties counting 1/2. It is the Mann-Whitney U statistic of ``a`` (scipy) over n_A n_B:
 
         P(A > B) = U_A / (n_A n_B),  U_A = sum_i sum_j [a_i > b_j] + 1/2 [a_i = b_j]
-    """
-    return float(stats.mannwhitneyu(a, b).statistic) / (len(a) * len(b))
+
+    a: (n_A,), b: (n_B,) -> float; or K pairs at once, a: (K, n_A), b: (K, n_B) -> (K,) (one scipy
+    call for all, as ``pairwise`` makes it)."""
+    a, b = np.asarray(a), np.asarray(b)
+    share = stats.mannwhitneyu(a, b, axis=-1).statistic / (a.shape[-1] * b.shape[-1])
+    return float(share) if a.ndim == 1 else np.asarray(share, dtype=np.float64)
 
 
-def welch_interval(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+def welch_interval(a: np.ndarray, b: np.ndarray, confidence: float = 0.95):
     """Welch's interval of mean(a) - mean(b) and its two-sided p-value (scipy.stats.ttest_ind,
     equal_var=False):
 
@@ -271,25 +291,31 @@ def welch_interval(a: np.ndarray, b: np.ndarray, confidence: float = 0.95) -> tu
 
     Both arms need >= 2 seeds. Returns (low, high, p_value); if both arms have zero spread the
     interval is the single point diff and p is 0 (they differ) or NaN (they are equal).
+    a: (n_a,), b: (n_b,) -> three floats; a: (K, n_a), b: (K, n_b) -> three (K,) arrays.
     """
+    a, b = np.asarray(a), np.asarray(b)
     with warnings.catch_warnings():  # identical scores (a converged reward of 1.0) make scipy warn about precision
         warnings.simplefilter("ignore", RuntimeWarning)
-        result = stats.ttest_ind(a, b, equal_var=False)
+        result = stats.ttest_ind(a, b, equal_var=False, axis=-1)
         ci = result.confidence_interval(confidence)
-    return float(ci.low), float(ci.high), float(result.pvalue)
+    values = (ci.low, ci.high, result.pvalue)
+    return tuple(float(v) for v in values) if a.ndim == 1 else tuple(np.asarray(v, np.float64) for v in values)
 
 
-def pooled_effect_size(a: np.ndarray, b: np.ndarray) -> float:
+def pooled_effect_size(a: np.ndarray, b: np.ndarray):
     """Cohen's d of the observed gap: |mean(a) - mean(b)| / s_p with the pooled standard deviation
 
         s_p = sqrt(((n_a - 1) s_a^2 + (n_b - 1) s_b^2) / (n_a + n_b - 2))
 
-    (inf when both arms have zero spread and differ, 0 when the means are equal)."""
-    gap = abs(float(np.mean(a)) - float(np.mean(b)))
-    pooled_var = ((len(a) - 1) * np.var(a, ddof=1) + (len(b) - 1) * np.var(b, ddof=1)) / (len(a) + len(b) - 2)
-    if gap == 0.0:
-        return 0.0
-    return math.inf if pooled_var == 0.0 else gap / math.sqrt(pooled_var)
+    (inf when both arms have zero spread and differ, 0 when the means are equal).
+    a: (n_a,), b: (n_b,) -> float; a: (K, n_a), b: (K, n_b) -> (K,)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    n_a, n_b = a.shape[-1], b.shape[-1]
+    gap = np.abs(np.mean(a, axis=-1) - np.mean(b, axis=-1))
+    pooled_var = ((n_a - 1) * np.var(a, ddof=1, axis=-1) + (n_b - 1) * np.var(b, ddof=1, axis=-1)) / (n_a + n_b - 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(gap == 0.0, 0.0, np.where(pooled_var == 0.0, np.inf, gap / np.sqrt(pooled_var)))
+    return float(d) if a.ndim == 1 else d
 
 
 def t_test_power(effect_size: float, n, alpha: float = 0.05) -> np.ndarray:
@@ -319,14 +345,40 @@ def seeds_needed(effect_size: float, alpha: float = 0.05, power: float = 0.8) ->
     candidates, evaluated in one vectorised call, usually holds the answer. Power grows with n, so
     the first n that reaches it is the smallest.
     """
+    return seeds_needed_each([effect_size], alpha, power)[0]
+
+
+def seeds_needed_each(effect_sizes: Sequence[float], alpha: float = 0.05, power: float = 0.8) -> list[int | None]:
+    """``seeds_needed`` of each of K effect sizes, the same numbers: the check that each search
+    starts short of its answer and each first window of candidates are one vectorised power call
+    for all K ((K,) and (K, SEARCH_WINDOW)); a search not settled there goes on alone. A verdict
+    table of 10 arms asks 9 at once (a scipy call costs ~0.3 ms whatever its size)."""
     alpha, power = check_fraction("alpha", alpha), check_fraction("power", power)
-    if not effect_size > 0.0:
-        return None
-    if math.isinf(effect_size):
-        return 2
-    n0 = 2 * ((stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) / effect_size) ** 2
-    start = max(2, math.floor(min(n0, MAX_SEEDS_SEARCHED + 1)) - 2)
-    while start > 2 and t_test_power(effect_size, start, alpha) >= power:  # the window must start short of it
+    d = np.asarray(effect_sizes, dtype=np.float64).reshape(-1)
+    out: list[int | None] = [2 if math.isinf(v) else None for v in d]
+    todo = np.flatnonzero((d > 0.0) & np.isfinite(d))
+    if not len(todo):
+        return out
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    n0 = 2 * (z / d[todo]) ** 2
+    start = np.maximum(2, np.floor(np.minimum(n0, MAX_SEEDS_SEARCHED + 1)) - 2).astype(np.int64)
+    overshot = (start > 2) & (t_test_power(d[todo], start, alpha) >= power)  # the window must start short of it
+    ns = start[:, None] + np.arange(SEARCH_WINDOW)  # (K, SEARCH_WINDOW) candidates
+    enough = (t_test_power(d[todo][:, None], ns, alpha) >= power) & (ns <= MAX_SEEDS_SEARCHED)
+    for j, k in enumerate(todo):
+        if overshot[j]:
+            out[k] = _search_seeds(float(d[k]), int(start[j]), alpha, power, step_back=True)
+        elif enough[j].any():
+            out[k] = int(ns[j, enough[j].argmax()])
+        else:
+            out[k] = _search_seeds(float(d[k]), int(start[j]) + SEARCH_WINDOW, alpha, power)
+    return out
+
+
+def _search_seeds(effect_size: float, start: int, alpha: float, power: float, *, step_back: bool = False) -> int | None:
+    """``seeds_needed``'s search from ``start`` on, window by window (``step_back``: first move the
+    start back until the power there is short of ``power``)."""
+    while step_back and start > 2 and t_test_power(effect_size, start, alpha) >= power:
         start = max(2, start - SEARCH_WINDOW)
     for first in range(start, MAX_SEEDS_SEARCHED + 1, SEARCH_WINDOW):
         ns = np.arange(first, min(first + SEARCH_WINDOW, MAX_SEEDS_SEARCHED + 1))
@@ -375,21 +427,40 @@ def pairwise(scores_by_arm: Scores, confidence: float = 0.95, *, baseline: str |
     if baseline is not None and baseline not in scores:
         raise ValueError(f"baseline={baseline!r} is not allowed; choose one of the arms: {', '.join(scores)}")
     pairs = (combinations(scores, 2) if baseline is None else ((arm, baseline) for arm in scores if arm != baseline))
+    pairs = list(pairs)
+    tests = _pair_tests(scores, pairs, confidence)
+    needed = seeds_needed_each([d for *_, d in tests], alpha, power)  # None where d is NaN (one seed)
     rows = []
-    for a_label, b_label in pairs:
+    for (a_label, b_label), (low, high, p_value, p_improvement, d), n in zip(pairs, tests, needed):
         a, b = scores[a_label], scores[b_label]
-        low = high = p_value = d = math.nan
-        needed = None
-        if min(len(a), len(b)) >= 2:
-            low, high, p_value = welch_interval(a, b, confidence)
-            d = pooled_effect_size(a, b)
-            needed = seeds_needed(d, alpha, power)
         rows.append({"a": a_label, "b": b_label, "n_a": len(a), "n_b": len(b),
                      "diff": float(np.mean(a) - np.mean(b)), "diff_ci_low": low, "diff_ci_high": high,
-                     "p_value": p_value, "p_improvement": probability_of_improvement(a, b), "effect_size": d,
-                     "seeds_needed": needed, "verdict": verdict(a_label, b_label, low, high, len(a), len(b))})
+                     "p_value": p_value, "p_improvement": p_improvement, "effect_size": d,
+                     "seeds_needed": n, "verdict": verdict(a_label, b_label, low, high, len(a), len(b))})
     frame = pd.DataFrame(rows, columns=PAIR_COLUMNS)
     return frame.astype({"seeds_needed": "Int64"})
+
+
+def _pair_tests(scores: Mapping[str, np.ndarray], pairs: list[tuple[str, str]],
+                confidence: float) -> list[tuple[float, float, float, float, float]]:
+    """(Welch low, high, p, P(A > B), Cohen's d) per pair, in order; the first three and d NaN
+    where an arm has one seed. Pairs of equal seed counts (n_a, n_b) are stacked, (K, n_a) against
+    (K, n_b), and each test runs once per stack: 45 pairs of 3-seed arms are two scipy calls, not 90
+    (a scipy call costs ~1 ms whatever its size)."""
+    out: list[tuple[float, ...]] = [()] * len(pairs)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for k, (a_label, b_label) in enumerate(pairs):
+        by_shape.setdefault((len(scores[a_label]), len(scores[b_label])), []).append(k)
+    for (n_a, n_b), ks in by_shape.items():
+        a = np.stack([scores[pairs[k][0]] for k in ks])
+        b = np.stack([scores[pairs[k][1]] for k in ks])
+        nan = np.full(len(ks), math.nan)
+        low, high, p_value = welch_interval(a, b, confidence) if min(n_a, n_b) >= 2 else (nan, nan, nan)
+        d = pooled_effect_size(a, b) if min(n_a, n_b) >= 2 else nan
+        p_improvement = probability_of_improvement(a, b)
+        for j, k in enumerate(ks):
+            out[k] = (float(low[j]), float(high[j]), float(p_value[j]), float(p_improvement[j]), float(d[j]))
+    return out
 
 
 # -- sweeps ---------------------------------------------------------------------------------------

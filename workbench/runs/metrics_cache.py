@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from workbench.runs.ingest import INT64_MIN
@@ -100,4 +101,8 @@ def _appended(frame: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     (its runs had no row yet) is left out: its object columns would make ``step`` an object column."""
     if not len(frame):
         return new
-    return pd.concat([frame, new], ignore_index=True).sort_values(["run_id", "step"], kind="stable", ignore_index=True)
+    # every new row is past its run's last kept step: ordering the rows by run keeps each run's
+    # kept rows, then its new ones, in step order (a sort by run id and step took ~15 ms per render)
+    both = pd.concat([frame, new], ignore_index=True)
+    run, _ = pd.factorize(both["run_id"], sort=True)
+    return both.take(np.argsort(run, kind="stable")).reset_index(drop=True)

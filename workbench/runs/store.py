@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import numpy as np
 import orjson
 import pandas as pd
 import sqlalchemy as sa
@@ -626,11 +627,24 @@ def runs_frame(rows: list[Run]) -> pd.DataFrame:
 
 
 def arm_frame(arms: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
-    """``RunStore.arm_metrics``' frame from ``run_arms`` (run_id, arm, seed) and ``metrics`` rows:
-    ``run_id``, ``arm``, ``seed``, ``step``, ``time``, then the metrics (runs in ``arms``' order)."""
-    frame = arms.merge(metrics, on="run_id", how="inner")
+    """``RunStore.arm_metrics``' frame from ``run_arms`` (run_id, arm, seed; one row per run) and
+    ``metrics`` rows: ``run_id``, ``arm``, ``seed``, ``step``, ``time``, then the metrics; runs in
+    ``arms``' order, each run's rows in ``metrics``' order, runs ``arms`` lacks left out.
+
+    The inner merge of ``arms`` with ``metrics`` on ``run_id``, made by positions: each row's run
+    looked up among the few runs of ``arms`` and the rows taken in one stable order (pandas' merge
+    hashed 30,000 run ids against 30 and took ~25 ms of every arms-view render)."""
     first = [*ARM_KEY_COLUMNS, "time"]
-    return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
+    if (list(arms.columns) != first[:3] or not arms["run_id"].is_unique
+            or {"arm", "seed"} & set(metrics.columns) or "run_id" not in metrics.columns):
+        frame = arms.merge(metrics, on="run_id", how="inner")  # what the positions below stand for
+        return frame[first + [c for c in frame.columns if c not in first]].reset_index(drop=True)
+    run = pd.Index(arms["run_id"]).get_indexer(metrics["run_id"])  # (N,) each row's run in arms, -1: none
+    kept = np.flatnonzero(run >= 0)
+    order = kept[np.argsort(run[kept], kind="stable")]  # by run in arms' order, then as in metrics
+    values = metrics[first[3:] + [c for c in metrics.columns if c not in first]]
+    return pd.concat([arms.take(run[order]).reset_index(drop=True),
+                      values.take(order).reset_index(drop=True)], axis=1)
 
 
 def _metrics_frame(rows: list[Row]) -> pd.DataFrame:

@@ -11,7 +11,6 @@ range from ``Panel.meta``), optionally each seed as a faint line. The statistics
 
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +19,7 @@ import plotly.graph_objects as go
 
 from workbench.analysis import aggregation_caption
 from workbench.analysis.bands import BANDS, Curve, FrameCodes, clip_note, curve_arrays, frame_codes
-from workbench.analysis.smoothing import check_smoothing
+from workbench.analysis.smoothing import EMA, check_smoothing
 from workbench.viz.wire import WireFigure
 from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
                                   ema, line_styles, plotted, resolve_panel, with_x, y_range)
@@ -106,7 +105,7 @@ def keep_extremes(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_point
 
 def _smoother(smoothing: float):
     """The per-seed smoother ``mean_curve_with_band`` applies before averaging (None: raw)."""
-    return partial(ema, weight=smoothing) if smoothing > 0 else None
+    return EMA(smoothing) if smoothing > 0 else None
 
 
 def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: float, name: str, line: dict):
