@@ -49,13 +49,19 @@ def ema(values, weight: float) -> np.ndarray:
     ok = np.isfinite(x)
     if weight == 0.0 or not ok.any() or np.all(x == x[0]):
         return x
-    from scipy.signal import lfilter  # the recursion above as an IIR filter (b = [1 - w], a = [1, -w])
+    x[ok] = _debiased_ema(x[ok][None, :], weight)[0]
+    return x
+
+
+def _debiased_ema(rows: np.ndarray, weight: float) -> np.ndarray:
+    """``ema``'s two lines on finite values, row by row: s_t = w s_{t-1} + (1 - w) x_t, then
+    s_t / (1 - w^{n_t}). rows: (R, N) finite -> (R, N)."""
+    from scipy.signal import lfilter  # the recursion as an IIR filter (b = [1 - w], a = [1, -w])
 
     # a Python loop took ~0.4 s for the 30 seeds x 16 metrics x 1,000 steps of the arms view; w^n
     # as a running product (within ~n ulp of pow, and 2x faster than the filter itself)
-    s = lfilter([1.0 - weight], [1.0, -weight], x[ok])
-    x[ok] = s / (1.0 - np.cumprod(np.full(len(s), weight)))
-    return x
+    s = lfilter([1.0 - weight], [1.0, -weight], rows, axis=-1)
+    return s / (1.0 - np.cumprod(np.full(rows.shape[-1], weight)))
 
 
 def ema_rows(rows, weight: float) -> np.ndarray:
@@ -71,10 +77,7 @@ def ema_rows(rows, weight: float) -> np.ndarray:
     if weight == 0.0 or not x.size:
         return x
     plain = np.isfinite(x).all(axis=1) & ~(x == x[:, :1]).all(axis=1)  # rows ema filters (not constant)
-    from scipy.signal import lfilter
-
-    s = lfilter([1.0 - weight], [1.0, -weight], x[plain], axis=-1)
-    x[plain] = s / (1.0 - np.cumprod(np.full(x.shape[1], weight)))
+    x[plain] = _debiased_ema(x[plain], weight)
     for i in np.flatnonzero(~np.isfinite(x).all(axis=1)):
         x[i] = ema(x[i], weight)
     return x
