@@ -166,7 +166,7 @@ import streamlit as st
 def a():
     st.write("page A")
     if st.button("act"):
-        time.sleep(2)  # the action (a cancel: signals, the store, the audit log)
+        time.sleep(4)  # the action (a cancel: signals, the store, the audit log)
         st.rerun()
 
 
@@ -185,10 +185,11 @@ async def _pages_after_a_click_during_an_action(wire: Wire) -> list[str]:
     await wire.send(query_string="")  # the browser opens the app: page A
     await wire.pump(60, lambda: wire.finished and wire.button)
     await wire.click("a")
-    await wire.pump(60, lambda: wire.buttons == 2)  # the click's run draws the button, then acts
-    await asyncio.sleep(0.5)
+    # the click's run draws the button, then acts for 4 s: B is asked for at once, well inside the
+    # action even on a loaded machine (asked after it, B would open without the guard too)
+    await wire.pump(60, lambda: wire.buttons == 2)
     await wire.send(page_script_hash=wire.hashes["b"])  # the user goes to B while the action runs
-    await wire.pump(10)  # the action ends, and everything queued behind it runs
+    await wire.pump(12)  # the action ends, and everything queued behind it runs
     return wire.pages()
 
 
