@@ -42,3 +42,14 @@ def slurm_cluster():
     cluster = start_cluster()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting_cluster():
+    """A second real SLURM cluster, one node, with accounting (MariaDB + slurmdbd) and MinJobAge = 2 s:
+    the controller forgets a finished job within seconds and only ``sacct`` knows how it ended."""
+    from tests.slurm_cluster import start_cluster
+
+    cluster = start_cluster(accounting=True, node_count=1, min_job_age=2)
+    yield cluster
+    cluster.stop()

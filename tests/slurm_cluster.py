@@ -7,10 +7,14 @@ script really gets two nodes). The nodes are named after this machine's hostname
 ``localhost``, names that resolve here, as the sbatch script uses node names as addresses. Each
 node has 1 CPU and 1 (fake, file-backed) GPU: two slots, so a third job waits PENDING.
 
-No accounting (``accounting_storage/none``: ``sacct`` fails with "Slurm accounting storage is
-disabled"): the launcher must read a finished job's state from the controller (``scontrol show
-job``, kept for MinJobAge = 300 s). Jobs run as root, with the submitter's environment (sbatch's
-default ``--export=ALL``); clients reach the cluster through ``SLURM_CONF``.
+The default cluster has no accounting (``accounting_storage/none``: ``sacct`` fails with "Slurm
+accounting storage is disabled"): the launcher must read a finished job's state from the
+controller (``scontrol show job``, kept for MinJobAge = 300 s). ``start_cluster(accounting=True)``
+adds SLURM's accounting as a site runs it: a MariaDB server (``mariadbd``, its own data folder and
+port on 127.0.0.1) behind ``slurmdbd`` (``accounting_storage/slurmdbd``), and a short MinJobAge so
+that the controller forgets a finished job within seconds and only ``sacct`` still knows how it
+ended. Jobs run as root, with the submitter's environment (sbatch's default ``--export=ALL``);
+clients reach the cluster through ``SLURM_CONF``.
 
 If SLURM is missing it is installed with apt-get when running as root; otherwise the tests skip
 locally and FAIL under ``CI=true`` (tests/helpers.py ``missing_component``).
@@ -32,6 +36,9 @@ from workbench.runs.launchers.slurm import scontrol_record  # the launcher's own
 
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge")
 PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
+ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server", "mariadb-client")
+ACCOUNTING_PROGRAMS = ("slurmdbd", "mariadbd", "mariadb-install-db", "mariadb", "sacct", "sacctmgr")
+DB_USER, DB_NAME = "slurm", "slurm_acct_db"
 START_TIMEOUT_S = 30.0
 
 
@@ -39,13 +46,16 @@ def _missing(reason: str):
     missing_component(f"a SLURM cluster is required: {reason}")
 
 
-def _installed() -> bool:
-    return all(shutil.which(p) or os.access(f"/usr/sbin/{p}", os.X_OK) for p in PROGRAMS)
+def _installed(programs: tuple[str, ...] = PROGRAMS) -> bool:
+    return all(shutil.which(p) or os.access(f"/usr/sbin/{p}", os.X_OK) for p in programs)
 
 
-def ensure_slurm() -> None:
-    """SLURM's daemons and clients are on this machine (installed with apt-get if root and missing)."""
+def ensure_slurm(accounting: bool = False) -> None:
+    """SLURM's daemons and clients (and with ``accounting``, slurmdbd and MariaDB) are on this
+    machine (installed with apt-get if root and missing)."""
     problem = apt_install(list(PACKAGES), _installed)
+    if not problem and accounting:
+        problem = apt_install(list(ACCOUNTING_PACKAGES), lambda: _installed(ACCOUNTING_PROGRAMS))
     if problem:
         _missing(problem)
 
@@ -127,14 +137,14 @@ class SlurmCluster:
         return True
 
     def stop(self) -> None:
-        """Cancel whatever still runs in the cluster, then stop the daemons this fixture started
-        (controller and nodes first, munged last), each by its own process."""
+        """Cancel whatever still runs in the cluster, then stop the daemons this fixture started,
+        newest first (nodes, controller, slurmdbd, MariaDB, munged last), each by its own process."""
         if self.processes.get("slurmctld") is not None and self.processes["slurmctld"].poll() is None:
             self.run("scancel", "--user", str(os.getuid()), check=False)
             deadline = time.monotonic() + 20
             while self.run("squeue", "-h", check=False).stdout.strip() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        for name in [n for n in self.processes if n != "munged"] + ["munged"]:
+        for name in reversed(list(self.processes)):
             process = self.processes.get(name)
             if process is None or process.poll() is not None:
                 continue
@@ -147,9 +157,11 @@ class SlurmCluster:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _config(d: Path, nodes: tuple[str, ...], hostname: str) -> str:
+def _config(d: Path, nodes: tuple[str, ...], hostname: str, dbd_port: int | None = None,
+            min_job_age: int = 300) -> str:
     """slurm.conf: one default partition ``debug`` of ``nodes`` (1 CPU + 1 GPU each), everything
-    under ``d``, its own ports, no accounting, jobs requeued after a node failure."""
+    under ``d``, its own ports, jobs requeued after a node failure; accounting through the slurmdbd
+    at ``dbd_port`` (None: no accounting); a finished job kept by the controller ``min_job_age`` s."""
     lines = [
         "ClusterName=workbench-test",
         f"SlurmctldHost={hostname}",
@@ -168,7 +180,13 @@ def _config(d: Path, nodes: tuple[str, ...], hostname: str) -> str:
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *(["AccountingStorageType=accounting_storage/none"] if dbd_port is None else [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=localhost",
+            f"AccountingStoragePort={dbd_port}",
+            f"AccountingStoragePass={d / 'run' / 'munge.sock'}",  # slurmdbd's munge: this cluster's socket
+        ]),
+        f"MinJobAge={min_job_age}",
         "JobCompType=jobcomp/none",
         "MpiDefault=none",
         "MailProg=/bin/true",
@@ -188,15 +206,51 @@ def _config(d: Path, nodes: tuple[str, ...], hostname: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_cluster() -> SlurmCluster:
-    """munged, slurmctld and two slurmd in a fresh folder under /tmp (mode 0755 up to /: munged
-    refuses a socket in a folder others cannot enter, and pytest's temp folders are 0700; removed
-    by ``stop``); returns once both nodes are idle."""
-    ensure_slurm()
+def _dbd_config(d: Path, dbd_port: int, db_port: int, password: str) -> str:
+    """slurmdbd.conf: slurmdbd on ``dbd_port`` storing into the MariaDB at 127.0.0.1:``db_port``."""
+    return "\n".join([
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={d / 'run' / 'munge.sock'}",
+        "DbdHost=localhost",
+        f"DbdPort={dbd_port}",
+        "SlurmUser=root",
+        f"LogFile={d / 'log' / 'slurmdbd.log'}",
+        f"PidFile={d / 'run' / 'slurmdbd.pid'}",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={db_port}",
+        f"StorageUser={DB_USER}",
+        f"StoragePass={password}",
+        f"StorageLoc={DB_NAME}",
+    ]) + "\n"
+
+
+def _wait_for(what: str, ready, cluster: "SlurmCluster", timeout: float = START_TIMEOUT_S) -> None:
+    """Poll ``ready()`` until true (a daemon's socket, port or answer); AssertionError after ``timeout``
+    or as soon as a daemon this fixture started has exited."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        cluster._alive()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not ready in {timeout} s")
+        time.sleep(0.05)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_cluster(*, accounting: bool = False, node_count: int = 2, min_job_age: int = 300) -> SlurmCluster:
+    """munged, slurmctld and ``node_count`` slurmd (1 or 2) in a fresh folder under /tmp (mode 0755
+    up to /: munged refuses a socket in a folder others cannot enter, and pytest's temp folders are
+    0700; removed by ``stop``); with ``accounting``, a MariaDB server and slurmdbd before the
+    controller. Returns once every node is idle."""
+    ensure_slurm(accounting)
     hostname = socket.gethostname()
     if hostname == "localhost":
         _missing("this machine's hostname is 'localhost'; the test cluster names its second node so")
-    nodes = (hostname, "localhost")
+    nodes = (hostname, "localhost")[:node_count]
     d = Path(tempfile.mkdtemp(prefix="workbench-slurm-"))
     d.chmod(0o755)
     for sub in ("run", "state", "spool", "log", "dev"):
@@ -209,8 +263,9 @@ def start_cluster() -> SlurmCluster:
         (d / "spool" / node).mkdir()
     (d / "dev" / "gpu0").touch()  # the nodes' GPU: a file (task/none constrains no device)
     (d / "gres.conf").write_text(f"Name=gpu File={d / 'dev' / 'gpu0'}\n")
+    dbd_port = free_port() if accounting else None
     conf = d / "slurm.conf"
-    conf.write_text(_config(d, nodes, hostname))
+    conf.write_text(_config(d, nodes, hostname, dbd_port, min_job_age))
     cluster = SlurmCluster(d, conf, nodes)
     log = d / "log"
 
@@ -222,12 +277,9 @@ def start_cluster() -> SlurmCluster:
         daemon("munged", ["munged", "-F", f"--key-file={key_dir / 'munge.key'}", f"--socket={d / 'run' / 'munge.sock'}",
                           f"--pid-file={d / 'run' / 'munged.pid'}", f"--log-file={log / 'munged.log'}",
                           f"--seed-file={d / 'run' / 'munge.seed'}"])
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (d / "run" / "munge.sock").exists():
-            cluster._alive()
-            if time.monotonic() > deadline:
-                raise AssertionError("munged did not create its socket")
-            time.sleep(0.05)
+        _wait_for("munged's socket", (d / "run" / "munge.sock").exists, cluster)
+        if dbd_port is not None:
+            _start_accounting(cluster, daemon, dbd_port)
         daemon("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])
         for node in nodes:
             daemon(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(conf)])
@@ -238,3 +290,27 @@ def start_cluster() -> SlurmCluster:
             _missing(f"the test cluster did not start: {err}")
         raise
     return cluster
+
+
+def _start_accounting(cluster: SlurmCluster, daemon, dbd_port: int) -> None:
+    """MariaDB (a fresh data folder, TCP on 127.0.0.1 only, root through its own socket), a user
+    for slurmdbd, then slurmdbd itself (its conf beside slurm.conf, mode 600 as it demands)."""
+    d = cluster.workdir
+    data, sock, db_port = d / "mariadb", d / "run" / "mariadb.sock", free_port()
+    subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+                    "--auth-root-authentication-method=socket", "--skip-test-db"],
+                   check=True, capture_output=True, timeout=120)
+    daemon("mariadbd", ["mariadbd", "--no-defaults", "--user=root", f"--datadir={data}", f"--socket={sock}",
+                        f"--port={db_port}", "--bind-address=127.0.0.1", f"--pid-file={d / 'run' / 'mariadbd.pid'}",
+                        "--skip-log-bin", "--innodb-buffer-pool-size=64M"])
+    _wait_for("MariaDB's port", lambda: _port_open(db_port), cluster, timeout=60)
+    password = os.urandom(12).hex()
+    grant = (f"CREATE USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+             f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';")
+    subprocess.run(["mariadb", "--no-defaults", f"--socket={sock}", "-u", "root", "-e", grant],
+                   check=True, capture_output=True, timeout=60)
+    dbd_conf = d / "slurmdbd.conf"
+    dbd_conf.write_text(_dbd_config(d, dbd_port, db_port, password))
+    dbd_conf.chmod(0o600)
+    daemon("slurmdbd", ["slurmdbd", "-D"])  # reads slurmdbd.conf from SLURM_CONF's folder
+    _wait_for("slurmdbd's port", lambda: _port_open(dbd_port), cluster, timeout=60)

@@ -1,5 +1,6 @@
 """The slurm launcher against a real SLURM cluster (tests/slurm_cluster.py: munged, slurmctld and
-two slurmd on this machine, 1 CPU + 1 GPU slot each, no accounting).
+two slurmd on this machine, 1 CPU + 1 GPU slot each, no accounting; the accounting path, sacct,
+is tested in test_slurm_accounting.py).
 
 The launcher, the sbatch script it writes and the trainer it starts are the real ones: sbatch
 queues the script, slurmd runs it, and its srun step runs `accelerate launch -m workbench train`
