@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -268,3 +269,228 @@ def test_a_file_that_is_not_a_database_is_one_line_for_every_command(run_cli, so
         assert_one_line_error(run_cli(home, *argv), "junk.db cannot be used: file is not a database")
     assert junk.read_text() == "a text file, not a SQLite database\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.db"]
+
+
+# -- db copy --runs-to DIR: run directories copied to another workbench home ------------------------------
+
+RUN_IDS = ("r-cancelled", "r-failed", "r-finished")
+
+
+def _tree(root: Path) -> dict[str, bytes | tuple[str, str]]:
+    """Every entry under ``root``: a file's bytes, a link's target, a folder or a FIFO by its kind."""
+    tree: dict[str, bytes | tuple[str, str]] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        tree[rel] = (("link", os.readlink(path)) if path.is_symlink() else ("dir", "") if path.is_dir()
+                     else path.read_bytes() if path.is_file() else ("other", ""))
+    return tree
+
+
+def _team_store(home: Path, location: str | Path | None = None) -> str:
+    """A store (default: ``home/runs.db``) with three ended runs, each with a real run directory
+    under ``home/runs`` (recipe, events, log, a checkpoint with binary bytes and a relative link
+    to it), a SLURM-like handle and a resume's previous handle naming paths inside it; the home's
+    settings make this OS user an admin of server databases. Returns the store's URL."""
+    from workbench.runs.launchers.base import file_identity
+
+    save_settings(Settings(roles=RoleMapping(cli_roles={local_user_name(): "admin"})), home)
+    url = str(location) if isinstance(location, str) else f"sqlite:///{location or home / 'runs.db'}"
+    store = RunStore(url)
+    for n, (run_id, status) in enumerate(zip(RUN_IDS, ("cancelled", "failed", "finished"))):
+        run_dir = home.resolve() / "runs" / run_id
+        (run_dir / "checkpoints" / "step-10").mkdir(parents=True)
+        (run_dir / "recipe.yaml").write_text(f"name: {run_id}\n")
+        (run_dir / "events.jsonl").write_text('{"kind": "metrics", "step": 0, "time": 1.0, "metrics": {"reward": 0.5}}\n')
+        (run_dir / "stdout.log").write_text(f"step 0 of {run_id}\n" * (n + 1))
+        (run_dir / "checkpoints" / "step-10" / "model.bin").write_bytes(bytes(range(256)) * (n + 3))
+        os.symlink("step-10", run_dir / "checkpoints" / "latest")
+        store.create_run(run_id=run_id, name=run_id, algorithm="grpo", recipe_yaml=f"name: {run_id}\n", total_steps=1,
+                         target="slurm", launcher="slurm", host="login", created_by="t", run_dir=str(run_dir),
+                         launch={"num_processes": 1, "resume": True,
+                                 "previous_handle": {"job_id": "7", "script": f"{run_dir}/job.sbatch"}})
+        store.update_run(run_id, handle={"job_id": "8", "script": f"{run_dir}/job.sbatch", "command": f"sbatch {run_dir}",
+                                         "elsewhere": f"{run_dir}-other/x"},
+                         events_inode=file_identity((run_dir / "events.jsonl").stat()))
+        store.ingest(run_id, [{"kind": "metrics", "step": 0, "time": 1.0, "metrics": {"reward": 0.5}}])
+        store.set_status(run_id, status)
+    dispose_engines()
+    return url
+
+
+def _runs_rows(url: str) -> dict[str, dict]:
+    with engine_for(store_url(url)).connect() as conn:
+        return {r["id"]: dict(r) for r in conn.execute(sa.select(metadata.tables["runs"])).mappings()}
+
+
+def _assert_copied(old_home: Path, old_url: str, new_home: Path, new_url: str, source_before: dict) -> None:
+    """Every file byte-equal at DIR/runs/RUN_ID; the copied rows point there (and only the paths
+    inside the old folder changed); the source's rows and folders are as they were; no staging left."""
+    from workbench.runs.launchers.base import file_identity
+
+    assert _dump(old_url) == source_before["rows"] and _tree(old_home / "runs") == source_before["tree"]
+    old_rows, new_rows = _runs_rows(old_url), _runs_rows(new_url)
+    assert sorted(new_rows) == list(RUN_IDS)
+    assert sorted(p.name for p in (new_home / "runs").iterdir()) == list(RUN_IDS)  # no .db-copy-* left
+    for run_id in RUN_IDS:
+        old_dir, new_dir = old_home.resolve() / "runs" / run_id, new_home.resolve() / "runs" / run_id
+        assert _tree(new_dir) == _tree(old_dir) and (new_dir / "checkpoints" / "latest" / "model.bin").is_file()
+        old, new = old_rows[run_id], new_rows[run_id]
+        assert new["run_dir"] == str(new_dir)
+        handle, launch = json.loads(new["handle"]), json.loads(new["launch"])
+        assert handle["script"] == f"{new_dir}/job.sbatch" and launch["previous_handle"]["script"] == f"{new_dir}/job.sbatch"
+        # text that only mentions the path, and a sibling folder's path, are not paths into the run directory
+        assert handle["command"] == f"sbatch {old_dir}" and handle["elsewhere"] == f"{old_dir}-other/x"
+        assert new["events_inode"] == file_identity((new_dir / "events.jsonl").stat()) != old["events_inode"]
+        unchanged = set(old) - {"run_dir", "handle", "launch", "events_inode"}
+        assert {k: new[k] for k in unchanged} == {k: old[k] for k in unchanged}
+    store = RunStore(new_url)  # what the store and the run's readers see at the new place
+    assert store.get_run("r-finished").run_dir == str(new_home.resolve() / "runs" / "r-finished")
+    assert store.metrics(["r-finished"])["reward"].tolist() == [0.5]
+
+
+def _snapshot(home: Path, url: str) -> dict:
+    return {"rows": _dump(url), "tree": _tree(home / "runs")}
+
+
+def test_runs_to_copies_every_run_directory_to_sqlite_and_postgres(run_cli, postgres_server, tmp_path):
+    home = tmp_path / "laptop"
+    url = _team_store(home)
+    before = _snapshot(home, url)
+    new_home, target = tmp_path / "shared" / "team-home", tmp_path / "copy.db"  # neither exists yet: made
+    res = run_cli(home, "db", "copy", "--from", url, "--to", str(target), "--runs-to", str(new_home))
+    assert res.returncode == 0, res.stderr
+    size = sum(len(v) for run_id in RUN_IDS for v in _tree(home / "runs" / run_id).values() if isinstance(v, bytes))
+    assert res.stdout.splitlines()[-1] == f"run directories: 3 ({size} bytes) copied to {new_home.resolve() / 'runs'}"
+    assert dict(line.split() for line in res.stdout.splitlines()[1:-1])["runs"] == "3"
+    _assert_copied(home, url, new_home, f"sqlite:///{target}", before)
+    entry = RunStore(target).audit_entries(action="db_copy")[0]
+    assert f"run directories 3 ({size} bytes) copied to {new_home.resolve() / 'runs'}" in entry.detail
+
+    pg, pg_home = postgres_server.new_database(), tmp_path / "server-home"
+    pg_home.mkdir()
+    (pg_home / "settings.yaml").write_text("{}\n")  # an existing home: its own files stay
+    res = run_cli(home, "db", "copy", "--from", url, "--to", pg, "--runs-to", str(pg_home))
+    assert res.returncode == 0, res.stderr
+    _assert_copied(home, url, pg_home, pg, before)
+    assert sorted(p.name for p in pg_home.iterdir()) == ["runs", "settings.yaml"]
+    dispose_engines()
+
+
+def _leave_running(home: Path, url: str) -> None:
+    RunStore(url).create_run(run_id="r-running", name="r", algorithm="grpo", recipe_yaml="name: r\n", total_steps=1,
+                             target="local", launcher="local", host="localhost", created_by="t",
+                             run_dir=str(home.resolve() / "runs" / "r-finished"))
+    RunStore(url).set_status("r-running", "running")
+
+
+REFUSALS = {  # what is done to the source (home, url) or the target home; the CLI's --runs-to; the line's parts
+    "active run": (_leave_running, None,
+                   ["runs.status='running' of run 'r-running' is not allowed with --runs-to",
+                    "its directory is still being written", "allowed: finished, failed, cancelled, lost",
+                    "copy without --runs-to"]),
+    "missing directory": (lambda home, url: shutil.rmtree(home / "runs" / "r-failed"), None,
+                          ["runs.run_dir='", "r-failed' of run 'r-failed' is not a directory on this machine",
+                           "copy without --runs-to"]),
+    "target folder exists": (lambda home, url: (home.parent / "new" / "runs" / "r-finished").mkdir(parents=True), None,
+                             ["--runs-to: '", "/new/runs/r-finished' (run 'r-finished') already exists",
+                              "never overwrites a run directory"]),
+    "link out of the run": (lambda home, url: os.symlink("/etc/passwd", home / "runs" / "r-cancelled" / "passwd"), None,
+                            ["run 'r-cancelled': link '", "passwd' -> '/etc/passwd' leads outside its run directory",
+                             "only relative links that stay inside it"]),
+    "relative link out of the run": (
+        lambda home, url: os.symlink("../r-failed/recipe.yaml", home / "runs" / "r-cancelled" / "x"), None,
+        ["link '", "-> '../r-failed/recipe.yaml' leads outside its run directory"]),
+    "fifo": (lambda home, url: os.mkfifo(home / "runs" / "r-finished" / "pipe"), None,
+             ["run 'r-finished': '", "pipe' is not a file, folder or link"]),
+    "a file as the home": (lambda home, url: (home.parent / "new").write_text("x"), None,
+                           ["--runs-to='", "new' is not allowed: '", "new' is not a directory", "a workbench home"]),
+    "under a file": (lambda home, url: (home.parent / "file").write_text("x"), "file/home",
+                     ["--runs-to='", "file/home' is not allowed: '", "/file' is not a directory"]),
+    "empty": (lambda home, url: None, "", ["--runs-to='' is not allowed"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_runs_to_refusals_are_one_line_and_leave_nothing(run_cli, tmp_path, case):
+    change, runs_to, parts = REFUSALS[case]
+    home = tmp_path / "laptop"
+    url = _team_store(home)
+    change(home, url)
+    before, around = _snapshot(home, url), sorted(p.name for p in tmp_path.iterdir())
+    new_tree = _tree(tmp_path / "new") if (tmp_path / "new").is_dir() else None
+    target = tmp_path / "copy.db"
+    runs_to = str(tmp_path / ("new" if runs_to is None else runs_to)) if runs_to != "" else ""
+    res = run_cli(home, "db", "copy", "--from", url, "--to", str(target), "--runs-to", runs_to)
+    assert_one_line_error(res, *parts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == around  # no target file, no new home
+    assert (_tree(tmp_path / "new") if (tmp_path / "new").is_dir() else None) == new_tree  # nothing added to one there
+    assert _snapshot(home, url) == before
+
+
+def test_runs_to_is_an_option_of_copy_only(run_cli, tmp_path):
+    assert_one_line_error(run_cli(tmp_path, "db", "status", "--runs-to", str(tmp_path / "x")),
+                          "db status takes no --runs-to; it takes: --url")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_failed_row_copy_leaves_no_copied_directory(postgres_server, tmp_path):
+    """A NaN that a SQLite target refuses, after the folders were staged: the staging folder and the
+    folders the copy made are removed; an existing home keeps only its own files."""
+    home = tmp_path / "laptop"
+    pg = _team_store(home, postgres_server.new_database())
+    RunStore(pg).update_run("r-failed", reward=math.nan)
+    new_home = tmp_path / "new"
+    new_home.mkdir()
+    (new_home / "settings.yaml").write_text("{}\n")
+    for runs_to in (new_home, tmp_path / "made" / "home"):
+        with pytest.raises(RunError, match=r"runs.reward of row id='r-failed' is NaN"):
+            copy_database(store_url(pg), store_url(tmp_path / "copy.db"), local_principal(), runs_to=runs_to)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["laptop", "new"]
+        assert sorted(p.name for p in new_home.iterdir()) == ["settings.yaml"]
+    dispose_engines()
+
+
+def test_a_run_added_during_the_copy_undoes_it(monkeypatch, tmp_path):
+    """The rows are read again in the copy's snapshot: a run the plan did not see refuses the copy,
+    and the staged folders go."""
+    from workbench.runs import dbtools
+
+    home = tmp_path / "laptop"
+    url = _team_store(home)
+    real_stage = dbtools.stage_run_dirs
+
+    def stage_then_add(plan):
+        staged = real_stage(plan)
+        RunStore(url).create_run(run_id="late", name="late", algorithm="grpo", recipe_yaml="name: late\n", total_steps=1,
+                                 target="local", launcher="local", host="localhost", created_by="t", run_dir="/x")
+        return staged
+
+    monkeypatch.setattr(dbtools, "stage_run_dirs", stage_then_add)
+    with pytest.raises(RunError, match="run 'late' changed in the source during the copy"):
+        copy_database(store_url(url), store_url(tmp_path / "copy.db"), local_principal(), runs_to=tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["laptop"]
+
+
+def test_a_rename_that_fails_after_the_commit_says_what_is_where(monkeypatch, tmp_path):
+    from workbench.runs import runcopy
+
+    home = tmp_path / "laptop"
+    url = _team_store(home)
+    real_rename, calls = os.rename, []
+
+    def rename_once(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise PermissionError(13, "Permission denied")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(runcopy.os, "rename", rename_once)
+    new_home = tmp_path / "new"
+    with pytest.raises(runcopy.PlacementError) as err:
+        copy_database(store_url(url), store_url(tmp_path / "copy.db"), local_principal(), runs_to=new_home)
+    staging = next((new_home / "runs").glob(".db-copy-*"))
+    message = str(err.value)
+    assert "the rows were copied (committed)" in message and "run 'r-failed'" in message
+    assert f"1 of 3 run directories are in place, the other 2 are in '{staging}'" in message
+    assert sorted(p.name for p in staging.iterdir()) == ["r-failed", "r-finished"]
+    assert sorted(_runs_rows(f"sqlite:///{tmp_path / 'copy.db'}")) == list(RUN_IDS)

@@ -7,7 +7,7 @@
     compare GROUP [--metric M] [--window F] [--baseline ARM]
     collect [--interval S] [--once]
     import PATH [--format F] [--config FILE] [--group G] [--arm A] [--seed S] [--name N] [--tag T] [--notes TEXT]
-    db status [--url URL] | db upgrade [--url URL] | db copy --from URL --to URL [--batch N]
+    db status [--url URL] | db upgrade [--url URL] | db copy --from URL --to URL [--batch N] [--runs-to DIR]
 
 Who acts: the CLI acts as the local OS user (the passwd name of its uid; ``workbench.runs.roles.cli_principal``),
 or, when WORKBENCH_TOKEN is set, as that API token's user and role (``tokens create`` issues one).
@@ -350,8 +350,9 @@ def _db_principal(*urls):
     return cli_principal(env=env)
 
 
-_DB_OPTIONS = {"status": ("url",), "upgrade": ("url",), "copy": ("source", "target", "batch")}  # the options each takes
-_DB_FLAGS = {"url": "--url", "source": "--from", "target": "--to", "batch": "--batch"}
+_DB_OPTIONS = {"status": ("url",), "upgrade": ("url",),  # the options each takes
+               "copy": ("source", "target", "batch", "runs_to")}
+_DB_FLAGS = {"url": "--url", "source": "--from", "target": "--to", "batch": "--batch", "runs_to": "--runs-to"}
 
 
 def _cmd_db(args) -> int:
@@ -392,14 +393,17 @@ def _db_upgrade(args) -> int:
 
 
 def _db_copy(args) -> int:
-    """Every table of one store into an empty other one (either backend), in one transaction."""
+    """Every table of one store into an empty other one (either backend), in one transaction; with
+    --runs-to, each run's directory copied to that workbench home too."""
     from workbench.runs.dbtools import copy_database, resolve_url
 
     source, target = resolve_url(args.source, field="--from"), resolve_url(args.target, field="--to")
-    done = copy_database(source, target, _db_principal(target, source), batch_rows=args.batch)
+    done = copy_database(source, target, _db_principal(target, source), batch_rows=args.batch, runs_to=args.runs_to)
     print(f"copied {done.source} -> {done.target} in {done.seconds:.1f} s")
     for table, rows in done.rows.items():
         print(f"  {table:<12} {rows:>10}")
+    if done.runs_dir is not None:
+        print(f"run directories: {done.run_dirs} ({done.run_bytes} bytes) copied to {done.runs_dir}")
     return 0
 
 
@@ -498,6 +502,9 @@ def add_run_parsers(sub) -> None:
     d.add_argument("--from", dest="source", help="copy: the store to read (sqlite:///PATH, a path, or postgresql://...)")
     d.add_argument("--to", dest="target", help="copy: the EMPTY store to write (a new file or database)")
     d.add_argument("--batch", type=int, default=DEFAULT_COPY_BATCH, metavar="N", help="copy: rows per batch (1-1000000)")
+    d.add_argument("--runs-to", dest="runs_to", metavar="DIR",
+                   help="copy: also COPY each run's directory (logs, events, checkpoints) to the workbench home DIR, "
+                        "as DIR/runs/RUN_ID, and point the copied rows there; the source's folders stay as they are")
     d.set_defaults(func=_cmd_db)
     t = sub.add_parser("tokens", help="API tokens (admins): create prints a secret once for WORKBENCH_TOKEN, "
                        "which makes the CLI act as that user and role on any store; list; revoke ID")

@@ -14,6 +14,12 @@ database with ``copy``; an admin checks and upgrades a database with ``status`` 
   target's sequences moved past the copied ids (PostgreSQL), then one ``db_copy`` audit entry
   naming who copied what. A target that already holds a row is refused before anything is
   written; so is a float the target cannot hold exactly (SQLite stores NaN as NULL).
+  With ``runs_to`` (``--runs-to DIR``, a workbench home) each run's directory is COPIED too, to
+  ``DIR/runs/RUN_ID``, and the copied rows point there (``workbench.runs.runcopy``): refusals
+  first (a run still active, a directory missing here, a target folder that exists, a link out
+  of a run directory, ``DIR`` not writable), then the folders copied into a staging folder of
+  ``DIR/runs``, the rows in their transaction, and only after the commit the folders renamed
+  into place; a row copy that fails removes the staged folders. The source is only read.
 
 Who may: reading the status is anyone's; ``upgrade`` and ``copy`` need ``authz.RULES["database"]``
 (admin) where a server database is involved: the CLI's principal for that store
@@ -27,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
@@ -37,7 +43,9 @@ from workbench.runs.authz import Principal, authorize
 from workbench.runs.database import (WRITE, StoreError, display_url, engine_for, parse_store_url, serialize_writers,
                                      sqlite_path, sqlite_url, store_url)
 from workbench.runs.records import AuditEntry, RunError
-from workbench.runs.schema import metadata
+from workbench.runs.runcopy import (Staged, check_all_copied, check_runs_home, place_run_dirs, plan_run_dirs,
+                                    remove_staged, rewrite_run_row, stage_run_dirs)
+from workbench.runs.schema import metadata, runs
 
 COPY_BATCH_ROWS = 2000  # rows read and inserted at once: bounded memory for a store of millions of steps
 COPY_LOCK = "copy"  # a second copy into the same target waits, then finds it no longer empty
@@ -63,12 +71,16 @@ class DatabaseStatus:
 
 @dataclass(frozen=True)
 class CopyReport:
-    """What ``db copy`` did: rows copied per table, and how long it took."""
+    """What ``db copy`` did: rows copied per table, and how long it took; with ``runs_to``, the run
+    directories copied, their bytes, and the folder that holds them (``runs_dir``, else None)."""
 
     source: str
     target: str
     rows: dict[str, int]
     seconds: float
+    run_dirs: int = 0
+    run_bytes: int = 0
+    runs_dir: str | None = None
 
 
 def resolve_url(value: str | None, *, field: str) -> URL:
@@ -173,10 +185,12 @@ def _refuse_non_empty(held: dict[str, int], target: URL) -> None:
                        "store: give a new database or file, or drop this one's tables first")
 
 
-def copy_database(source: URL, target: URL, principal: Principal, *, batch_rows: int = COPY_BATCH_ROWS) -> CopyReport:
+def copy_database(source: URL, target: URL, principal: Principal, *, batch_rows: int = COPY_BATCH_ROWS,
+                  runs_to: Path | str | None = None) -> CopyReport:
     """Copy every row of every table of the store at ``source`` into the empty store at ``target``
-    (either backend); see the module docstring. Nothing is written to the target unless the whole
-    copy commits (a SQLite file this call made is removed again)."""
+    (either backend), and with ``runs_to`` (a workbench home) every run's directory to
+    ``runs_to/runs/RUN_ID``; see the module docstring. Nothing is written to the target unless the
+    whole copy commits (a SQLite file this call made, and the folders it copied, are removed again)."""
     from workbench.runs.store import RunStore
 
     if not (isinstance(batch_rows, int) and 1 <= batch_rows <= MAX_BATCH_ROWS):
@@ -184,6 +198,7 @@ def copy_database(source: URL, target: URL, principal: Principal, *, batch_rows:
     if _same_database(source, target):
         raise RunError(f"--from and --to are the same store ({display_url(source)}); name two different ones")
     check_may_administer(principal, source, target)
+    home = None if runs_to is None else check_runs_home(runs_to)
     missing = _missing_sqlite_file(source)
     if missing is not None:
         raise StoreError(f"--from={str(missing)!r}: no such store file")
@@ -191,24 +206,43 @@ def copy_database(source: URL, target: URL, principal: Principal, *, batch_rows:
         with _connection(target) as conn:
             _refuse_non_empty(_held_rows(conn), target)
     RunStore(source.render_as_string(hide_password=False))  # the source at head: its tables are the schema's
+    plan = None if home is None else plan_run_dirs(_source_runs(source), home)  # refusals: nothing written yet
     made_file = _missing_sqlite_file(target)
     started = time.monotonic()
+    staged = None
     try:
+        staged = None if plan is None else stage_run_dirs(plan)  # folders first: the rows name their identities
         RunStore(target.render_as_string(hide_password=False))  # the target's schema at head (it holds no rows)
-        rows = _copy_rows(source, target, principal, batch_rows)
+        rows = _copy_rows(source, target, principal, batch_rows, staged)
     except BaseException:
+        if staged is not None:
+            remove_staged(staged)
         if made_file is not None:
             for leftover in (made_file, *(made_file.with_name(made_file.name + s) for s in ("-wal", "-shm"))):
                 leftover.unlink(missing_ok=True)
         raise
-    return CopyReport(display_url(source), display_url(target), rows, time.monotonic() - started)
+    if staged is None:
+        return CopyReport(display_url(source), display_url(target), rows, time.monotonic() - started)
+    place_run_dirs(staged)  # only now: a folder in place is one whose row is committed
+    return CopyReport(display_url(source), display_url(target), rows, time.monotonic() - started,
+                      len(staged.plan.moves), staged.bytes, str(staged.plan.runs_root))
 
 
-def _copy_rows(source: URL, target: URL, principal: Principal, batch_rows: int) -> dict[str, int]:
-    """The copy proper: one read snapshot of the source, one write transaction on the target."""
+def _source_runs(source: URL) -> list[dict]:
+    """What the plan of the run directories reads of each source run: id, status, run_dir."""
+    with _connection(source) as conn:
+        query = sa.select(runs.c.id, runs.c.status, runs.c.run_dir).order_by(runs.c.id)
+        return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def _copy_rows(source: URL, target: URL, principal: Principal, batch_rows: int,
+               staged: Staged | None) -> dict[str, int]:
+    """The copy proper: one read snapshot of the source, one write transaction on the target; with
+    ``staged`` run directories, the runs rows pointed at them."""
     from workbench.runs.store import audit_entry_insert
 
     copied: dict[str, int] = {}
+    rewrites = {} if staged is None else {runs.name: lambda row: rewrite_run_row(staged, row)}
     with _connection(source) as src, _connection(target, write=True) as dst:
         if src.dialect.name == "postgresql":  # every table read from one snapshot, while collectors write
             src = src.execution_options(isolation_level="REPEATABLE READ")
@@ -216,16 +250,23 @@ def _copy_rows(source: URL, target: URL, principal: Principal, batch_rows: int) 
             serialize_writers(dst, COPY_LOCK)
             _refuse_non_empty(_held_rows(dst), target)  # a copy that ran meanwhile
             for table in metadata.sorted_tables:  # parents before children
-                copied[table.name] = _copy_table(src, dst, table, batch_rows)
+                copied[table.name] = _copy_table(src, dst, table, batch_rows, rewrites.get(table.name))
+            if staged is not None:
+                check_all_copied(staged)
             reset_sequences(dst)
             detail = "; ".join(f"{name} {n}" for name, n in copied.items())
+            if staged is not None:
+                detail += (f"; run directories {len(staged.plan.moves)} ({staged.bytes} bytes) copied to "
+                           f"{staged.plan.runs_root}")
             dst.execute(audit_entry_insert(_entry(principal, "db_copy", display_url(target),
                                                   f"from {display_url(source)}: {detail}")))
     return copied
 
 
-def _copy_table(src: Connection, dst: Connection, table: sa.Table, batch_rows: int) -> int:
-    """Every row of ``table``, by primary key, ``batch_rows`` at a time; the number copied."""
+def _copy_table(src: Connection, dst: Connection, table: sa.Table, batch_rows: int,
+                rewrite: Callable[[dict], dict] | None = None) -> int:
+    """Every row of ``table``, by primary key, ``batch_rows`` at a time, each through ``rewrite``
+    when given; the number copied."""
     query = sa.select(*table.columns).order_by(*table.primary_key.columns)
     floats = [c.name for c in table.columns if isinstance(c.type, sa.Double)]
     check_nan = dst.dialect.name == "sqlite"
@@ -233,6 +274,8 @@ def _copy_table(src: Connection, dst: Connection, table: sa.Table, batch_rows: i
     result = src.execution_options(yield_per=batch_rows).execute(query)
     for batch in result.mappings().partitions(batch_rows):
         rows = [dict(row) for row in batch]
+        if rewrite is not None:
+            rows = [rewrite(row) for row in rows]
         if check_nan:
             _check_sqlite_holds(table, floats, rows)
         dst.execute(table.insert(), rows)
