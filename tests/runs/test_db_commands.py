@@ -407,6 +407,13 @@ REFUSALS = {  # what is done to the source (home, url) or the target home; the C
     "under a file": (lambda home, url: (home.parent / "file").write_text("x"), "file/home",
                      ["--runs-to='", "file/home' is not allowed: '", "/file' is not a directory"]),
     "empty": (lambda home, url: None, "", ["--runs-to='' is not allowed"]),
+    # what the read-only checks cannot see: the folders fail when made (the first, new/, is removed again)
+    "a name too long": (lambda home, url: None, "new/" + "x" * 300,
+                        ["--runs-to='", "is not allowed: '", "cannot be made or written there: File name too long",
+                         "a workbench home is allowed"]),
+    "a folder the system refuses": (lambda home, url: None, "/proc/workbench-home",
+                                    ["--runs-to='/proc/workbench-home' is not allowed: '/proc/workbench-home/runs' "
+                                     "cannot be made or written there: No such file or directory"]),
 }
 
 

@@ -226,12 +226,20 @@ def _within(path: str, root: str) -> bool:
 
 def stage_run_dirs(plan: RunDirPlan) -> Staged:
     """Copy every planned directory into a new hidden folder of ``DIR/runs``; on any failure what
-    this made is removed again and RunError names the run."""
-    staged = Staged(plan, _make_dirs(plan.runs_root))
+    this made is removed again and RunError names the run, or ``--runs-to`` when its folders
+    cannot be made (a name too long, a file system that refuses: what the read-only checks of
+    ``check_runs_home`` cannot see)."""
+    staged = Staged(plan, [])
     try:
+        _make_dirs(plan.runs_root, staged.made)
         staged.folder = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=plan.runs_root))
         for move in plan.moves.values():
-            _stage_one(staged, move)
+            _stage_one(staged, move)  # its own OSErrors are RunErrors naming the run
+    except OSError as err:
+        remove_staged(staged)
+        raise RunError(f"--runs-to={str(plan.home)!r} is not allowed: {str(plan.runs_root)!r} cannot be made or "
+                       f"written there: {err.strerror or err}; a workbench home is allowed: a folder this user can "
+                       "write (made if missing), whose runs/ receives the copied run directories") from None
     except BaseException:
         remove_staged(staged)
         raise
@@ -258,14 +266,13 @@ def _stage_one(staged: Staged, move: RunDirMove) -> None:
         staged.identities[move.run_id] = file_identity(events.stat())
 
 
-def _make_dirs(folder: Path) -> list[Path]:
-    """Make ``folder`` and its missing parents; the ones made, outermost first."""
-    made = []
+def _make_dirs(folder: Path, made: list[Path]) -> None:
+    """Make ``folder`` and its missing parents, outermost first, each appended to ``made`` as it is
+    made (so that a failure half-way leaves a list of what to remove)."""
     for path in reversed((folder, *folder.parents)):
-        if not path.is_dir():
+        if not os.path.isdir(path):  # False, not an error, for a name too long: then mkdir says why
             path.mkdir()
             made.append(path)
-    return made
 
 
 def remove_staged(staged: Staged) -> None:
