@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.stalling_rewards import STALL_ENV
+from tests.engine.stalling_rewards import STALL_ENV, STALLED_FILE_ENV
 from tests.engine.test_rundir_claims import snapshot
 from workbench.engine.checkpoint import (CheckpointError, MANIFEST_FILE, choose_resume_checkpoint, list_checkpoints,
                                          write_manifest)
@@ -242,9 +242,12 @@ def test_two_resumes_at_once_the_second_is_refused(wb_home, few_problems, tmp_pa
     args = ["grpo", "--set", "train.steps=4", "--set", "checkpoint.every=1", "--set", f"dataset={few_problems}",
             "--set", STALLING]
 
+    stalled = tmp_path / "stalled"
+
     def start(*extra, stall: int):
         return subprocess.Popen([sys.executable, "-m", "workbench", "train", *extra], cwd=ROOT,
-                                env={**os.environ, "WORKBENCH_HOME": str(wb_home), STALL_ENV: str(stall)},
+                                env={**os.environ, "WORKBENCH_HOME": str(wb_home), STALL_ENV: str(stall),
+                                     STALLED_FILE_ENV: str(stalled)},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     crashed = start(*args, "--run-dir", str(d), stall=1)
@@ -253,10 +256,13 @@ def test_two_resumes_at_once_the_second_is_refused(wb_home, few_problems, tmp_pa
     finally:
         crashed.kill()
         crashed.wait(timeout=30)
+    stalled.unlink(missing_ok=True)  # the killed attempt may or may not have reached its stall
     first = start("--resume", str(d), stall=2)
     try:
-        _wait_for(lambda: any(e["kind"] == "metrics" and e["step"] == 1 for e in read_events(d)),
-                  "the resumed step 1", first)
+        # asleep in step 2's reward: step 1's record (metrics, samples, lens) is whole and nothing
+        # more is written (a snapshot taken at step 1's metrics line raced its samples line in CI)
+        _wait_for(stalled.exists, "the resumed run's stall in step 2", first)
+        assert any(e["kind"] == "metrics" and e["step"] == 1 for e in read_events(d))
         events = (d / "events.jsonl").read_bytes()
         line = _refused(_train(wb_home, "--resume", str(d)))
         assert f"is in use by a live trainer (pid {first.pid})" in line
