@@ -24,8 +24,9 @@ Prints (``--parts`` picks which):
    Overhead = sum(step) / sum(rollout + forward-backward) (target <= 1.2), with the min/median/max
    of the per-step ratios;
 3. ``generation``: generation throughput, vLLM (in-process, weights synced each call, as in
-   training) vs HF ``generate``, on the same prompts: valid completion tokens per second
-   (min/median/max over the repeats); and the workbench's s/step with ``train.rollout=vllm``.
+   training) vs HF ``generate``, on the same prompts (``--gen-copies`` copies of each, as GRPO
+   samples them): valid completion tokens per second (min/median/max over the repeats), vLLM once
+   per ``--vllm-cpu-block-sizes`` entry; and the workbench's s/step with ``train.rollout=vllm``.
 
 vLLM is imported last so that nothing it changes in the process touches the TRL / HF timings.
 """
@@ -100,12 +101,16 @@ def engine_overhead(work: Work, run_dir: Path) -> dict[str, float]:
 
 
 def generation_throughput(args, rows, work: Work) -> dict[str, tuple[float, list[float]]]:
-    """Valid completion tokens per second, HF generate vs the vLLM backend, same prompts."""
+    """Valid completion tokens per second, HF generate vs the vLLM backend, same prompts: each of
+    ``--gen-prompts`` prompts ``--gen-copies`` times (GRPO's G copies: HF prefills a prompt once,
+    vLLM reuses its cached blocks); vLLM once per ``--vllm-cpu-block-sizes`` entry on a CPU.
+    Returns {"hf": ..., "vllm (block N)": ...}, each (tokens / seconds, per-repeat tokens / s)."""
+    from workbench.engine import vllm_rollout
     from workbench.engine.models import load_policy, resolve_model
     from workbench.engine.rollout import ROLLOUT_BACKENDS, hf_generate
 
     model, tok = load_policy(work.model)
-    prompts = [r["prompt"] for r in rows[: args.gen_prompts]]
+    prompts = [r["prompt"] for r in rows[: args.gen_prompts] for _ in range(args.gen_copies)]
     sampling = dict(temperature=1.0, top_p=1.0, max_new_tokens=args.gen_len)
 
     def tokens_per_s(generate) -> tuple[float, list[float]]:
@@ -119,13 +124,17 @@ def generation_throughput(args, rows, work: Work) -> dict[str, tuple[float, list
             tokens.append(float(out.completion_mask.sum()))
         return sum(tokens) / sum(seconds), [t / s for t, s in zip(tokens, seconds)]
 
-    hf = tokens_per_s(lambda seed: hf_generate(model, tok, prompts, seed=seed, **sampling))
-    backend = ROLLOUT_BACKENDS.get("vllm")(resolve_model(work.model), precision="fp32", seed=0)
-    try:
-        vl = tokens_per_s(lambda seed: backend.generate(model, tok, prompts, seed=seed, **sampling))
-    finally:
-        backend.close()
-    return {"hf": hf, "vllm": vl}
+    results = {"hf": tokens_per_s(lambda seed: hf_generate(model, tok, prompts, seed=seed, **sampling))}
+    default_block = vllm_rollout.CPU_BLOCK_SIZE
+    for block in args.vllm_cpu_block_sizes or [default_block]:
+        vllm_rollout.CPU_BLOCK_SIZE = block  # read when an engine is built on a CPU
+        backend = ROLLOUT_BACKENDS.get("vllm")(resolve_model(work.model), precision="fp32", seed=0)
+        try:
+            results[f"vllm (block {block})"] = tokens_per_s(lambda seed: backend.generate(model, tok, prompts, seed=seed, **sampling))
+        finally:
+            backend.close()
+            vllm_rollout.CPU_BLOCK_SIZE = default_block
+    return results
 
 
 def print_ratio(runs) -> None:
@@ -160,6 +169,9 @@ def main() -> None:
     p.add_argument("--gen-prompts", type=int, default=64)
     p.add_argument("--gen-len", type=int, default=32)
     p.add_argument("--gen-repeats", type=int, default=5)
+    p.add_argument("--gen-copies", type=int, default=1, help="generation: each prompt this many times (GRPO's G)")
+    p.add_argument("--vllm-cpu-block-sizes", type=int, nargs="+", help="generation: one vLLM engine per KV block size "
+                   "(tokens, multiples of 32; default: the backend's CPU_BLOCK_SIZE)")
     p.add_argument("--rounds", type=int, default=3, help="alternating TRL / workbench runs; the best of each counts")
     p.add_argument("--skip-trl", action="store_true", help="only the workbench's numbers")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which measurements (default: all)")
@@ -186,9 +198,11 @@ def main() -> None:
                   f"+ forward-backward {o['forward_backward']:.4f} s); per step min/median/max {spread(o['per_step'], '.3f')}   (target <= 1.2)", flush=True)
         if "generation" in args.parts:
             tput = generation_throughput(args, rows, work)
-            (hf, hf_rep), (vl_tok, vl_rep) = tput["hf"], tput["vllm"]
-            print(f"generation, {args.gen_prompts} prompts x <= {args.gen_len} tokens: HF {hf:.0f} tok/s (repeats min/median/max "
-                  f"{spread(hf_rep, '.0f')}), vLLM {vl_tok:.0f} tok/s ({spread(vl_rep, '.0f')}), vLLM / HF {vl_tok / hf:.2f}x", flush=True)
+            hf, hf_rep = tput.pop("hf")
+            print(f"generation, {args.gen_prompts} prompts x {args.gen_copies} copies x <= {args.gen_len} tokens: HF {hf:.0f} "
+                  f"tok/s (repeats min/median/max {spread(hf_rep, '.0f')})", flush=True)
+            for name, (vl_tok, vl_rep) in tput.items():
+                print(f"  {name}: {vl_tok:.0f} tok/s ({spread(vl_rep, '.0f')}), vLLM / HF {vl_tok / hf:.2f}x", flush=True)
             vl = run_workbench(work, tmp / "wb_vllm", rollout="vllm")
             print(f"workbench (vllm rollout) {vl.s_per_step:.4f} s/step, one run  (reward first/last 5: "
                   f"{statistics.mean(vl.rewards[:5]):.3f} / {statistics.mean(vl.rewards[-5:]):.3f})", flush=True)

@@ -8,6 +8,9 @@ What is proven:
 - weights are synced every step: after optimiser steps that move the policy far (its old
   weights would be off by > 100x the bound), vLLM's log-probs still equal the policy's;
 - GRPO runs with ``train.rollout=vllm`` learn by the same criterion as the ``hf`` presets;
+- the G copies of a prompt share its KV blocks: vLLM's own counters show every full block of
+  the prompt reused by the G - 1 other copies (none with vLLM's 128-token CPU default), and the
+  samples are those of the engine that caches nothing, bit for bit;
 - under data parallelism (two ranks) the backend refuses with a clear NotImplementedError before
   vLLM is even imported, and the run ends ``failed`` with that reason.
 """
@@ -26,7 +29,8 @@ from workbench.engine.forward import logprobs_and_entropy
 from workbench.engine.rollout import ROLLOUT_BACKENDS, hf_generate
 from workbench.engine.models import load_policy, resolve_model
 from workbench.engine.trainer import Trainer
-from workbench.engine.vllm_rollout import VLLMRollout
+from workbench.engine import vllm_rollout
+from workbench.engine.vllm_rollout import CPU_BLOCK_SIZE, VLLMRollout
 from workbench.recipe import load_recipe
 
 FP32_LOGPROB_BOUND = 1e-4  # vLLM vs trainer log-probs, same weights, fp32 (measured ~3e-6)
@@ -93,6 +97,50 @@ def test_building_the_engine_keeps_threads_and_rng(tiny_path, monkeypatch):
         assert FP32_LOGPROB_BOUND < worst < 0.15, worst
     finally:
         backend.close()
+
+
+def _copies_generated(tiny_path, monkeypatch, block_size: int, prompts: list[str]):
+    """(Rollout, vLLM's prefix-cache counters, block size in force) of one seeded generation of
+    ``prompts`` by an engine built with ``block_size``-token KV blocks (stats on, this engine only)."""
+    vllm = vllm_rollout._import_vllm()
+    llm = getattr(vllm.LLM, "unwrapped", vllm.LLM)  # a second engine of the test: the original class
+
+    def with_stats(**kwargs):
+        return llm(disable_log_stats=False, **kwargs)
+
+    with_stats.unwrapped = llm
+    monkeypatch.setattr(vllm, "LLM", with_stats)
+    monkeypatch.setattr(vllm_rollout, "CPU_BLOCK_SIZE", block_size)
+    torch.set_num_threads(1)
+    backend = VLLMRollout(tiny_path, precision="fp32", seed=0)
+    try:
+        model, tok = load_policy("tiny")
+        out = backend.generate(model, tok, prompts, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
+        counters = {m.name: m.value for m in backend.llm.get_metrics() if m.name.startswith("vllm:prefix_cache")}
+        return out, counters, backend.llm.llm_engine.vllm_config.cache_config.block_size
+    finally:
+        backend.close()
+
+
+def test_the_g_copies_of_a_prompt_share_its_cached_blocks_and_sample_the_same(tiny_path, monkeypatch):
+    """G copies of a 125-token prompt in one generation: with the backend's 32-token blocks vLLM's
+    prefix-cache counters say each copy after the first found the prompt's 3 full blocks cached
+    (7 x 96 hit tokens of 8 x 125 looked up); with vLLM's CPU default of 128 tokens nothing is
+    cached (a prompt shorter than a block never is). The completions and their log-probs are the
+    same bit for bit either way: the lever changes what is computed, not what is sampled."""
+    _, tok = load_policy("tiny")
+    prompt = "3+4=7;" * 20 + "12+7="
+    length = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert length == 125
+    cached, counters, block = _copies_generated(tiny_path, monkeypatch, CPU_BLOCK_SIZE, [prompt] * G)
+    assert block == CPU_BLOCK_SIZE == 32
+    assert counters == {"vllm:prefix_cache_queries": G * length,
+                        "vllm:prefix_cache_hits": (G - 1) * (length // CPU_BLOCK_SIZE) * CPU_BLOCK_SIZE}
+    plain, counters, block = _copies_generated(tiny_path, monkeypatch, 128, [prompt] * G)
+    assert block == 128 and counters == {"vllm:prefix_cache_queries": G * length, "vllm:prefix_cache_hits": 0}
+    assert torch.equal(cached.completion_ids, plain.completion_ids)
+    assert torch.equal(cached.rollout_logp, plain.rollout_logp)
+    assert len({tuple(r) for r in cached.completion_ids.tolist()}) > 1  # G samples, not one repeated
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -7,7 +7,9 @@ How it is wired (DESIGN, "Facts measured"):
   on CPU (``VLLM_CPU_KVCACHE_SPACE=1`` GiB unless the user set it).
 - Before every generation the policy's current weights (a LoRA policy's merged weights) are copied into the engine in place,
   ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": [(name, tensor), ...]})``,
-  and the prefix cache is dropped (cached KV blocks were computed with the old weights). The
+  and the prefix cache is dropped (cached KV blocks were computed with the old weights). Within a
+  generation the G copies of a prompt share its cached blocks (prefix caching; on CPU with
+  ``CPU_BLOCK_SIZE``-token blocks, since only full blocks are cached). The
   trainer generates once per step, after the previous step's last optimiser update, so the
   sampled policy is always the one being trained.
 - Building the engine re-seeds every global RNG and, on CPU, replaces ``torch.set_num_threads``
@@ -60,6 +62,14 @@ VLLM_ENV_DEFAULTS = {
 #: Fraction of accelerator memory the colocated engine may take (the rest is the trainer's; the
 #: recipe's memory check counts it, so the number lives with the model facts).
 GPU_MEMORY_UTILIZATION = VLLM_GPU_MEMORY_UTILIZATION
+# Tokens per KV-cache block on CPU: 32, the smallest the CPU attention backend takes
+# (MultipleOf(32)), not vLLM's CPU default of 128. The engine then generates faster even where no
+# prompt repeats (measured, not profiled inside vLLM), and the prefix cache (full blocks only) can
+# hold a prompt shorter than 128 tokens (SmolLM2's chat-templated ~111), so GRPO's G copies of it
+# share its blocks. Measured
+# on SmolLM2-135M, 32 tokens, 1 thread: 73 against 40 tok/s for 16 distinct prompts, 61-67 against
+# 36-39 for 2 prompts x 8 copies, the same completions (README, "Speed"). A GPU keeps vLLM's 16.
+CPU_BLOCK_SIZE = 32
 
 
 @contextmanager
@@ -150,7 +160,8 @@ class VLLMRollout:
         # vLLM creates a one-process group for itself; it is torn down in close() only if ours
         self._owns_process_group = not torch.distributed.is_initialized()
         self._SamplingParams = vllm.SamplingParams
-        kwargs = {} if not torch.cuda.is_available() else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
+        kwargs = {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION} if torch.cuda.is_available() else {
+            "block_size": CPU_BLOCK_SIZE}
         with preserved_process_state(), modules_safe_for_the_kernel_scan():
             self.llm = vllm.LLM(
                 model=str(model_path),
@@ -159,6 +170,7 @@ class VLLMRollout:
                 seed=seed,
                 generation_config="vllm",  # the recipe sets sampling, not the model's defaults
                 logprobs_mode="processed_logprobs",  # log-probs after temperature (see docstring)
+                enable_prefix_caching=True,  # GRPO's G copies of a prompt share its KV blocks
                 **kwargs,
             )
         self.dtype = VLLM_DTYPES[precision]
