@@ -64,6 +64,15 @@ def test_a_built_figure_is_plotlys_own():
     chart.update_layout(height=500)
     assert chart.to_dict()["layout"]["height"] == 500 and copy.deepcopy(chart).layout.height == 500
     assert go.Figure(chart).to_dict() == chart.to_dict()
+    # the traces and layout objects belong to this figure: edits through them reach its JSON
+    chart.data[0].line.color = "#123456"
+    chart.layout.xaxis.title.text = "steps"
+    chart.update_traces(opacity=0.5, selector={"name": chart.data[-1].name})
+    chart.add_trace(go.Scatter(x=[0, 1], y=[1, 2], name="added"))
+    sent = chart.to_dict()
+    assert sent["data"][0]["line"]["color"] == "#123456" and sent["layout"]["xaxis"]["title"]["text"] == "steps"
+    assert sent["data"][-2]["opacity"] == 0.5 and sent["data"][-1]["name"] == "added"
+    assert all(trace.figure is chart for trace in chart.data) and chart.layout.figure is chart
 
 
 ARRAYS = {

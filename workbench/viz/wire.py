@@ -88,11 +88,26 @@ class WireFigure(go.Figure):
         # figures are shared by the app's sessions (threads): one builds, the others wait for it.
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)  # copy / pickle probes: no reason to build
-        with _BUILD_LOCK:  # re-entrant: plotly's __init__ probes attributes it has not set yet
-            wire = self.__dict__.pop("_wire", None)
+        with _BUILD_LOCK:
+            wire = self.__dict__.get("_wire")
             if wire is not None:
-                go.Figure.__init__(self, data=wire[0], layout=wire[1], _validate=False)
+                self._take_over(go.Figure(data=wire[0], layout=wire[1], _validate=False))
         return object.__getattribute__(self, name)
+
+    def _take_over(self, built: go.Figure) -> None:
+        """Become ``built`` in one step. The figure is built apart and its state moved in at once
+        (its traces, layout and uid setter pointed at this figure, as ``BaseFigure.__init__``
+        points them at the figure it builds): built in place, another session's thread read it
+        half-made, e.g. its layout before the template was put in (a flaky test under load).
+        ``dict.update`` runs under the GIL without Python code in between: a reader sees none of
+        plotly's state or all of it; ``to_dict`` reads ``_wire`` until the state is all there."""
+        state = dict(built.__dict__)
+        for trace in state["_data_objs"]:
+            trace._parent = self
+        state["_layout_obj"]._parent = self
+        state["_data_validator"].set_uid = self._set_trace_uid
+        self.__dict__.update(state)
+        del self.__dict__["_wire"]
 
     @property
     def title_text(self) -> str | None:
@@ -101,7 +116,7 @@ class WireFigure(go.Figure):
         return (wire[1].get("title") or {}).get("text") if wire is not None else self.layout.title.text
 
     def to_dict(self) -> dict:
-        wire = self.__dict__.get("_wire")  # None once built (or while another thread builds it)
+        wire = self.__dict__.get("_wire")  # None once built (and then whole: ``_take_over``)
         if wire is not None:  # as go.Figure(data, layout, _validate=False).to_dict() would give
             data, layout = wire
             layout = deepcopy(layout)
