@@ -182,6 +182,11 @@ def main() -> None:
         p.error(f"--warmup={args.warmup} must be at least 1 and below --steps={args.steps}")
     if args.rounds < 1:
         p.error(f"--rounds={args.rounds} must be at least 1")
+    if args.gen_copies < 1:
+        p.error(f"--gen-copies={args.gen_copies} must be at least 1")
+    for block in args.vllm_cpu_block_sizes or []:
+        if block < 32 or block % 32:  # vLLM's CPU attention backend takes MultipleOf(32)
+            p.error(f"--vllm-cpu-block-sizes={block} is not allowed; a multiple of 32 tokens (32, 64, 128, ...)")
     quiet()
 
     work = Work(model=args.model, G=args.G, prompts=args.prompts, max_len=args.max_len, steps=args.steps, warmup=args.warmup)
