@@ -214,7 +214,8 @@ def run_trl(work: Work, rows: list[dict], out_dir: str) -> Timing:
     reset_peak_memory()
     recipe = workbench_recipe(work)
     funcs, weights = reward_setup(recipe)
-    model, tok = load_policy(recipe.model, device="cuda" if torch.cuda.is_available() else "cpu")
+    # the model as transformers loads it for a TRL user (not the workbench's grouped attention)
+    model, tok = load_policy(recipe.model, device="cuda" if torch.cuda.is_available() else "cpu", grouped_attention=False)
     timer = StepEnds()
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=trl_config(work, out_dir, weights),
                           train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[timer])

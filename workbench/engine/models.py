@@ -35,6 +35,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from workbench.engine.attention import use_grouped_attention
+
 # The torch-free half (names, cache locations, facts) lives below the recipe, which validates
 # against it; re-exported here so the engine has one place to import models from.
 from workbench.model_facts import (  # noqa: F401
@@ -156,11 +158,15 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def load_policy(name_or_path: str, *, dtype: Any = None, device: Any = "cpu", home: Path | None = None):
+def load_policy(name_or_path: str, *, dtype: Any = None, device: Any = "cpu", home: Path | None = None,
+                grouped_attention: bool = True):
     """(model, tokenizer) for any model reference, ready for batched generation.
 
     The tokenizer pads on the left and always has a pad token (EOS when the model ships none);
     the model's config and generation config get the same pad id. ``dtype`` defaults to float32.
+    ``grouped_attention``: on a CPU, passes without gradients read grouped key / value heads in
+    place instead of transformers' copy of them (``engine.attention``: same numbers, faster
+    generation); False gives the model exactly as transformers loads it (a benchmark's TRL side).
     A hub id that cannot be fetched (no network) raises ModelNotFoundError naming it.
     """
     import torch
@@ -185,6 +191,8 @@ def load_policy(name_or_path: str, *, dtype: Any = None, device: Any = "cpu", ho
         model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if grouped_attention:
+        use_grouped_attention(model)
     return model, tokenizer
 
 
