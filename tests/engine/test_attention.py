@@ -63,6 +63,13 @@ def test_grouped_generation_samples_the_same_tokens_and_logprobs_without_the_cop
         assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
+def test_grouped_generation_under_bf16_autocast_samples_the_same(gqa_pair):
+    stock, grouped, tok = gqa_pair
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = _rollouts(stock, grouped, tok, seed=2)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.rollout_logp, b.rollout_logp)
+
+
 @pytest.mark.parametrize("shared_prefix", [True, False])
 def test_logprobs_without_gradients_are_equal_bit_for_bit(gqa_pair, repeat_kv_calls, shared_prefix):
     stock, grouped, tok = gqa_pair

@@ -9,7 +9,7 @@ import torch
 from workbench.recipe import Lora
 from workbench.engine.models import apply_lora, load_policy
 from workbench.engine.forward import prompt_groups
-from workbench.engine.rollout import encode_batch, hf_generate, shared_prompt_cache
+from workbench.engine.rollout import encode_batch, hf_generate, model_stop_ids, shared_prompt_cache
 
 # three prompts of different lengths (left padding differs), G = 4 copies each
 PROMPTS = ["3+2=", "17-4=", "6+1=9-"]
@@ -115,3 +115,30 @@ def test_shared_prefill_runs_each_prompt_once(wb_home):
             assert counted[len(first):] == [B] * steps  # then one token per row per step
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_hf_generate_samples_as_generate_given_its_settings_as_keywords(wb_home, temperature):
+    """hf_generate hands ``generate`` one GenerationConfig (``rollout.generation_config``, as TRL
+    does) instead of keyword settings: the same tokens, and the model's own generation config
+    still fills what the call leaves unset (here a minimum length, which changes them)."""
+    torch.set_num_threads(1)
+    model, tok = load_policy("tiny")
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    ids, mask, _ = encode_batch(tok, prompts)
+    sampling = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if temperature == 0
+                else {"do_sample": True, "temperature": temperature, "top_p": 0.9, "top_k": 0})
+
+    def both():
+        out = hf_generate(model, tok, prompts, temperature=temperature, top_p=0.9, max_new_tokens=8, seed=4, share_prefill=False)
+        torch.manual_seed(4)
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, pad_token_id=tok.pad_token_id,
+                             eos_token_id=model_stop_ids(model, tok), **sampling)[:, ids.shape[1]:]
+        ref = torch.nn.functional.pad(ref, (0, 8 - ref.shape[1]), value=tok.pad_token_id)
+        assert torch.equal(out.completion_ids * out.completion_mask.long(), ref * out.completion_mask.long())
+        return out.completion_ids
+
+    plain = both()
+    model.generation_config.min_new_tokens = 4  # no stop token before the 4th
+    longer = both()
+    assert (plain[:, 1] == model_stop_ids(model, tok)[0]).any() and not torch.equal(plain, longer)

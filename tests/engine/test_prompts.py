@@ -53,6 +53,28 @@ def test_both_formats_in_one_batch(tokenizer):
     assert enc.texts[0] == "7+5=" and enc.texts[1].startswith("<|im_start|>system\n")
 
 
+def test_a_repeated_prompt_is_encoded_once_with_each_row_as_alone(tokenizer):
+    """GRPO's G copies: one render and one tokenisation per distinct prompt, the rows unchanged."""
+    calls = []
+
+    class Counting:  # the real tokenizer, its calls counted
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, text, **kw):
+            calls.append(text)
+            return tokenizer(text, **kw)
+
+    other = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompts = [QUESTION, "7+5=", QUESTION, other, "7+5=", QUESTION]
+    enc = encode_prompts(Counting(), prompts, system_prompt=None, max_prompt_length=12)
+    alone = [encode_prompts(tokenizer, [p], max_prompt_length=12) for p in prompts]
+    assert enc.texts == [a.texts[0] for a in alone] and enc.input_ids == [a.input_ids[0] for a in alone]
+    assert enc.num_truncated == sum(a.num_truncated for a in alone) == 4  # the chat prompts exceed 12 tokens
+    assert len(calls) == 3
+    assert len({id(row) for row in enc.input_ids}) == len(prompts)  # no row shares its list with another
+
+
 def test_left_truncation_keeps_the_last_tokens():
     assert left_truncate([11, 12, 13, 14, 15], 3) == [13, 14, 15]
     assert left_truncate([11, 12, 13], 3) == [11, 12, 13]

@@ -100,12 +100,22 @@ def encode_prompts(
     tokenizer: Any, prompts: Sequence[Prompt], *, system_prompt: str | None = None,
     max_prompt_length: int | None = None,
 ) -> EncodedPrompts:
-    """Render (see :func:`render_prompt`), tokenise and left-truncate B prompts of either format."""
-    texts = [render_prompt(tokenizer, p, system_prompt=system_prompt) for p in prompts]
-    # a rendered chat template already holds its special tokens; plain text gets the tokenizer's
-    full = [tokenizer(t, add_special_tokens=isinstance(p, str))["input_ids"] for t, p in zip(texts, prompts)]
-    kept = [left_truncate(ids, max_prompt_length) for ids in full]
-    return EncodedPrompts(texts, kept, sum(len(k) < len(f) for k, f in zip(kept, full)))
+    """Render (see :func:`render_prompt`), tokenise and left-truncate B prompts of either format.
+    Each distinct prompt is rendered and tokenised once (GRPO's batch repeats each G times); the
+    rows are the same lists either way."""
+    encoded: dict[str, tuple[str, list[int]]] = {}  # repr(prompt) -> (text, ids): a prompt of either format as a key
+
+    def encode(prompt: Prompt) -> tuple[str, list[int]]:
+        key = repr(prompt)
+        if key not in encoded:
+            text = render_prompt(tokenizer, prompt, system_prompt=system_prompt)
+            # a rendered chat template already holds its special tokens; plain text gets the tokenizer's
+            encoded[key] = text, tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"]
+        return encoded[key]
+
+    texts, full = zip(*map(encode, prompts)) if prompts else ((), ())
+    kept = [left_truncate(ids, max_prompt_length) for ids in full]  # a list of its own per row
+    return EncodedPrompts(list(texts), kept, sum(len(k) < len(f) for k, f in zip(kept, full)))
 
 
 def stop_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
