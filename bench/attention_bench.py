@@ -46,9 +46,11 @@ def main() -> None:
     from workbench.engine.rollout import hf_generate
 
     work = Work(model=args.model, G=args.G, prompts=args.prompts, max_len=args.max_len, steps=1, warmup=0)
-    models = {"grouped": load_policy(args.model)[0], "stock": load_policy(args.model, grouped_attention=False)[0]}
-    grouped = models["grouped"].config._attn_implementation != models["stock"].config._attn_implementation
-    tok = load_policy(args.model)[1]
+    (grouped_model, tok), (stock_model, _) = load_policy(args.model), load_policy(args.model, grouped_attention=False)
+    models = {"grouped": grouped_model, "stock": stock_model}
+    config = grouped_model.config
+    grouped = (config._attn_implementation != stock_model.config._attn_implementation
+               and config.num_key_value_heads < config.num_attention_heads)  # the tiny model: 4 and 4
     prompts = [row["prompt"] for row in work_rows(work)[: args.prompts] for _ in range(args.G)]
     print(work.describe() + f"; grouped attention {'on' if grouped else 'not applicable'}")
 

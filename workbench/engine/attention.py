@@ -60,7 +60,7 @@ def _register() -> None:
 
 
 def use_grouped_attention(model) -> bool:
-    """Switch ``model`` (a transformers model, or a PEFT / DDP wrapper of one) to
+    """Switch ``model`` (a transformers model, or a PEFT wrapper of one; call it before DDP wraps it) to
     ``WORKBENCH_SDPA`` when it runs on a CPU with ``sdpa`` attention; True when switched. A model
     with other attention (eager, flash) or on an accelerator is left as it is."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
