@@ -66,9 +66,9 @@ GPU_MEMORY_UTILIZATION = VLLM_GPU_MEMORY_UTILIZATION
 # (MultipleOf(32)), not vLLM's CPU default of 128. The engine then generates faster even where no
 # prompt repeats (measured, not profiled inside vLLM), and the prefix cache (full blocks only) can
 # hold a prompt shorter than 128 tokens (SmolLM2's chat-templated ~111), so GRPO's G copies of it
-# share its blocks. Measured
-# on SmolLM2-135M, 32 tokens, 1 thread: 73 against 40 tok/s for 16 distinct prompts, 61-67 against
-# 36-39 for 2 prompts x 8 copies, the same completions (README, "Speed"). A GPU keeps vLLM's 16.
+# share its blocks. Measured on SmolLM2-135M, 32 tokens, 1 thread: 73 against 40 tok/s for 16
+# distinct prompts, 61-67 against 36-39 for 2 prompts x 8 copies, the same completions (README,
+# "Speed"). A GPU keeps vLLM's 16.
 CPU_BLOCK_SIZE = 32
 
 
