@@ -158,6 +158,22 @@ def test_the_event_lines_of_a_log_are_the_events_file_whatever_the_chunks():
     assert stream.take(0) is None  # before what is kept: the caller reads the log again
 
 
+def test_the_cause_of_an_entrypoint_that_dies_at_once_is_its_error_not_rays_preamble():
+    """Ray writes "Running entrypoint for job ID: SCRIPT" through a buffered file it flushes after
+    starting the entrypoint; an entrypoint that fails at once (a missing Python) can log its error
+    first. Seen under load: the cause read "exec ... --stdout-events", the script's last line."""
+    script = ray_jobs.entrypoint_script("/r", "/nonexistent/python", '"${WB_PYTHON}" -m workbench train',
+                                        new_run=True, free_port=False)
+    preamble = ray_jobs.ray_log_preamble("wb-7-1", script)
+    error = "sh: 7: exec: /nonexistent/python: not found"
+    for log in (f"{error}\n{preamble}", f"{preamble}{error}\n"):  # either order of the two writes
+        assert ray_jobs.log_cause_text(log, preamble) == error
+    assert ray_jobs.log_cause_text(f"{error}\n{preamble}") == 'exec "${WB_PYTHON}" -m workbench train'  # the bug
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\nZeroDivisionError: boom\n'
+    assert ray_jobs.log_cause_text(preamble + traceback, preamble) == "ZeroDivisionError: boom"
+    assert ray_jobs.log_cause_text(preamble, preamble) == ""  # nothing of the job's own: Ray's message decides
+
+
 # -- the real cluster -------------------------------------------------------------------------------------
 def test_runs_stream_every_step_once_and_failures_carry_their_cause(head, store, fresh_home, tmp_path):
     """Three runs at once. (1) A cluster-only run directory (ray.workdir): its events reach the store
@@ -187,6 +203,8 @@ def test_runs_stream_every_step_once_and_failures_carry_their_cause(head, store,
     run = store.get_run(no_python)
     assert run["error"].startswith(f"Ray job wb-{no_python}-1 on http://{head.address} failed (exit code 127): ")
     assert "/nonexistent/python" in run["error"] and "not found" in run["error"]
+    job = head.client().get_job_info(f"wb-{no_python}-1")  # the preamble the cause leaves out is Ray's own
+    assert ray_jobs.ray_log_preamble(job.submission_id, job.entrypoint) in head.client().get_job_logs(job.submission_id)
 
     run = sync_until(store, settings, run_id, lambda r: r["last_step"] >= 2)
     ray_jobs.stop_followers()  # the websocket following the log drops

@@ -162,9 +162,21 @@ def entrypoint_script(run_dir: str, python: str, train_words: str, *, new_run: b
     return "\n".join(lines)
 
 
-def log_cause_text(log: str) -> str:
+def ray_log_preamble(job_id: str, entrypoint: str) -> str:
+    """The line Ray's job supervisor writes into a job's log before starting its entrypoint."""
+    return f"Running entrypoint for job {job_id}: {entrypoint}\n"
+
+
+def log_cause_text(log: str, preamble: str = "") -> str:
     """Why a job's entrypoint died, from its log: the last traceback's final line, else the last
-    line that is not an event (``sh: 1: exec: /opt/py: not found``); at most 500 characters."""
+    line that is not an event (``sh: 1: exec: /opt/py: not found``); at most 500 characters.
+
+    ``preamble`` (``ray_log_preamble``) is removed wherever it stands: Ray writes it through a
+    buffered file that it flushes only after starting the entrypoint, so the error of an entrypoint
+    that dies at once (a missing Python) can precede it, and its last line (our ``exec ...``) would
+    read as the cause."""
+    if preamble:
+        log = log.replace(preamble, "", 1)
     tail = log[-65536:]
     cause = text_cause(tail)
     if cause:
@@ -538,8 +550,8 @@ class RayLauncher(Launcher):
             return None, None
         code = info.driver_exit_code
         try:
-            cause = log_cause_text(self._call(self._url(run), f"reading the log of job {job_id}",
-                                              lambda c: c.get_job_logs(job_id)))
+            log = self._call(self._url(run), f"reading the log of job {job_id}", lambda c: c.get_job_logs(job_id))
+            cause = log_cause_text(log, ray_log_preamble(job_id, info.entrypoint or ""))
         except LaunchError:
             cause = ""
         where = f"Ray job {job_id} on {self._url(run)}"
