@@ -11,7 +11,8 @@ import pytest
 
 from tests.ui.figspec import traces
 from workbench.analysis import mean_curve_with_band
-from workbench.viz.arms import MAX_POINTS, arm_colours, arm_figure, arm_figures, keep_extremes
+from workbench.analysis.bands import Curve
+from workbench.viz.arms import MAX_POINTS, _kept_rows, arm_colours, arm_figure, arm_figures, keep_extremes
 from workbench.viz.curves import MARGIN, PANELS, UNKNOWN, legend_html, metric_figure
 
 EVERY_METRIC = sorted({m for p in PANELS.values() for m in p.metrics})
@@ -151,6 +152,25 @@ def test_thinning_keeps_each_buckets_extremes_exactly():
     assert len(kept) <= 400 + 2 and not {256, 503, 778} & set(range(0, n, 3))
     assert keep_extremes(mean[:400], low[:400], high[:400], max_points=400).tolist() == list(range(400))
     assert keep_extremes(np.empty(0), np.empty(0), np.empty(0)).tolist() == []
+
+
+@pytest.mark.parametrize("lengths", [(1000, 1000, 1000), (1000, 1001, 999), (7, 7), (401, 401, 401, 401)])
+def test_arms_thinned_together_keep_what_each_arm_thinned_alone_keeps(lengths):
+    """Arms of one length are thinned in one call (``_kept_rows``): the rows kept are those that
+    ``keep_extremes`` keeps of each arm alone, NaN (no band) and spikes included; arms of
+    different lengths take the per-arm path."""
+    rng = np.random.default_rng(len(lengths) * 1000 + lengths[1])
+    n = sum(lengths)
+    mean, low, high = rng.normal(size=(3, n))
+    low[rng.random(n) < 0.2] = np.nan
+    high[rng.random(n) < 0.2] = np.nan
+    arm = np.repeat(np.arange(len(lengths)), lengths)
+    curve = Curve(arm, np.arange(n, dtype=np.float64), mean, np.zeros(n), low, high, np.full(n, 3), [f"a{i}" for i in range(len(lengths))])
+    slices = curve.arm_slices()
+    expected = [rows.start + keep_extremes(mean[rows], low[rows], high[rows]) for _, rows in slices]
+    kept = _kept_rows(curve, slices)
+    assert [k.tolist() for k in kept] == [e.tolist() for e in expected]
+    assert all(len(k) <= MAX_POINTS + 2 for k in kept)
 
 
 def test_thinned_arm_curves_keep_a_one_step_spike_with_unchanged_statistics():

@@ -63,6 +63,9 @@ def band_polygon(xs: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.
     stretch of defined points is its own polygon, stretches separated by a NaN (a gap plotly
     closes each side of). xs, low, high: (N,) -> (x, y), each (M,) float64; empty if no band."""
     ok = np.isfinite(low) & np.isfinite(high)
+    if ok.all() and len(ok):  # one stretch (a band everywhere): what the loop below makes of it, directly
+        return (np.concatenate([xs, xs[::-1]]).astype(np.float64),
+                np.concatenate([high, low[::-1]]).astype(np.float64))
     starts = np.flatnonzero(ok & ~np.r_[False, ok[:-1]])
     ends = np.flatnonzero(ok & ~np.r_[ok[1:], False]) + 1
     px, py = [], []
@@ -76,13 +79,28 @@ def band_polygon(xs: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.
 
 
 def _bucket_extreme(values: np.ndarray, k: int, pick) -> np.ndarray:
-    """Per bucket of k consecutive points, the index of ``pick``'s (np.argmin / np.argmax) value,
-    NaN never chosen over a number (an all-NaN bucket gives its first point). (N,) -> (ceil(N/k),)."""
-    n, buckets = len(values), -(-len(values) // k)
+    """Per row and bucket of k consecutive points, the index (in its row) of ``pick``'s (np.argmin
+    / np.argmax) value, NaN never chosen over a number (an all-NaN bucket gives its first point).
+    (A, N) -> (A, ceil(N/k))."""
+    a, n = values.shape
+    buckets = -(-n // k)
     worst = np.inf if pick is np.argmin else -np.inf  # padding and NaN lose against every number
-    padded = np.full(buckets * k, worst)
-    padded[:n] = np.where(np.isnan(values), worst, values)
-    return np.arange(buckets) * k + pick(padded.reshape(buckets, k), axis=1)
+    padded = np.full((a, buckets * k), worst)
+    padded[:, :n] = np.where(np.isnan(values), worst, values)
+    return np.arange(buckets) * k + pick(padded.reshape(a, buckets, k), axis=2)
+
+
+def kept_points(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
+    """``keep_extremes`` of A curves of one length at once, as a mask: (A, N) each -> (A, N) bool."""
+    a, n = mean.shape
+    if n <= max_points:
+        return np.ones((a, n), dtype=bool)
+    k = -(-n // max(1, max_points // EXTREMES_PER_BUCKET))
+    keep, row = np.zeros((a, n), dtype=bool), np.arange(a)[:, None]
+    for values, pick in ((mean, np.argmin), (mean, np.argmax), (low, np.argmin), (high, np.argmax)):
+        keep[row, _bucket_extreme(values, k, pick)] = True
+    keep[:, [0, n - 1]] = True
+    return keep
 
 
 def keep_extremes(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
@@ -94,13 +112,7 @@ def keep_extremes(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_point
     (min/max per bucket, as a renderer decimating to pixel columns does), so a curve drawn from
     the kept points looks as the full one does at the chart's width. mean, low, high: (N,) ->
     (K,) int, K <= max_points + 2; all N points when N <= max_points."""
-    n = len(mean)
-    if n <= max_points:
-        return np.arange(n)
-    k = -(-n // max(1, max_points // EXTREMES_PER_BUCKET))
-    picks = [_bucket_extreme(mean, k, np.argmin), _bucket_extreme(mean, k, np.argmax),
-             _bucket_extreme(low, k, np.argmin), _bucket_extreme(high, k, np.argmax), np.array([0, n - 1])]
-    return np.unique(np.concatenate(picks))
+    return np.flatnonzero(kept_points(mean[None], low[None], high[None], max_points)[0])
 
 
 def _smoother(smoothing: float):
@@ -123,10 +135,22 @@ def _arm_rows(curve: Curve):
     """Yield (arm, columns) per arm of ``curve`` (arms in its order), each column thinned to about
     ``MAX_POINTS`` keeping every spike (``keep_extremes``): x, mean, ci_low, ci_high (float64) and
     n_seeds."""
-    for arm, rows in curve.arm_slices():
-        keep = rows.start + keep_extremes(curve.mean[rows], curve.ci_low[rows], curve.ci_high[rows])
+    slices = curve.arm_slices()
+    for (arm, rows), keep in zip(slices, _kept_rows(curve, slices)):
         yield arm, {"x": curve.x[keep], "mean": curve.mean[keep], "ci_low": curve.ci_low[keep],
                     "ci_high": curve.ci_high[keep], "n_seeds": curve.n_seeds[keep]}
+
+
+def _kept_rows(curve: Curve, slices: list[tuple[str, slice]]) -> list[np.ndarray]:
+    """Per arm slice, the curve's row indices ``keep_extremes`` keeps of it; arms of one length
+    (every arm, once runs have finished) thinned in one call."""
+    lengths = {rows.stop - rows.start for _, rows in slices}
+    if len(lengths) != 1:
+        return [rows.start + keep_extremes(curve.mean[rows], curve.ci_low[rows], curve.ci_high[rows])
+                for _, rows in slices]
+    shape = (len(slices), lengths.pop())  # the slices tile the curve's rows in order
+    keep = kept_points(*(getattr(curve, c).reshape(shape) for c in ("mean", "ci_low", "ci_high")))
+    return [rows.start + np.flatnonzero(row) for (_, rows), row in zip(slices, keep)]
 
 
 def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: str, smoothing: float,

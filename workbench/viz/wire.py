@@ -23,7 +23,10 @@ from _plotly_utils.utils import convert_to_base64, is_skipped_key, plotlyjsShort
 
 # int64 / uint64 arrays are sent as the narrowest type that holds their values (plotly.js has no
 # 64-bit ints), as plotly's to_typed_array_spec does
-_NARROW = {"int64": ("int8", "int16", "int32"), "uint64": ("uint8", "uint16", "uint32")}
+_NARROW = {np.dtype(wide): tuple(map(np.iinfo, narrow))
+           for wide, narrow in {"int64": ("int8", "int16", "int32"), "uint64": ("uint8", "uint16", "uint32")}.items()}
+# plotly.js's short type names keyed by numpy dtype (str(dtype) per array was a tenth of the encoding)
+_SHORT_TYPES = {np.dtype(name): short for name, short in plotlyjsShortTypes.items()}
 
 
 def typed_array(v: np.ndarray):
@@ -31,15 +34,14 @@ def typed_array(v: np.ndarray):
     ``to_typed_array_spec`` makes it; any other array goes through plotly's own function."""
     if v.ndim != 1 or v.size == 0 or v.dtype.kind not in "fiu":
         return to_typed_array_spec(v)
-    for narrow in _NARROW.get(str(v.dtype), ()):
-        info = np.iinfo(narrow)
+    for info in _NARROW.get(v.dtype, ()):
         if info.min <= v.min() and v.max() <= info.max:
-            v = v.astype(narrow)
+            v = v.astype(info.dtype)
             break
-    dtype = str(v.dtype)
-    if dtype not in plotlyjsShortTypes:  # int64 beyond int32: plotly leaves it as it is
+    short = _SHORT_TYPES.get(v.dtype)
+    if short is None:  # int64 beyond int32: plotly leaves it as it is
         return to_typed_array_spec(v)
-    return {"dtype": plotlyjsShortTypes[dtype], "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
+    return {"dtype": short, "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
 
 
 def _encoded(obj):
