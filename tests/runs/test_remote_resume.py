@@ -97,7 +97,7 @@ def app(monkeypatch):
 def _resume_button(run_id: str):
     at = page("runs_page").run()
     at.selectbox(key="runs_selected").select(run_id).run()
-    return at, at.button(key="runs_resume")
+    return at, at.button(key=f"runs_resume:{run_id}")
 
 
 def _cli(*args, home: Path):

@@ -141,10 +141,10 @@ def test_forged_delete_and_cancel_are_refused(signed_out, store):
         at = forged("from workbench.ui import runs_page; runs_page.render()").run()
         at.selectbox(key="runs_selected").select(live.run_id).run()
         at.checkbox(key=f"runs_confirm:{live.run_id}").check().run()
-        at.button(key="runs_cancel").click().run()
+        at.button(key=f"runs_cancel:{live.run_id}").click().run()
         assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]
         assert live.proc.poll() is None  # still running
-        at.button(key="runs_delete").click().run()
+        at.button(key=f"runs_delete:{live.run_id}").click().run()
         assert refusal(at) == ["Refused: Sign in (sidebar) to launch, cancel or delete runs."]
         assert store.get_run(live.run_id)["status"] == "running"
     finally:
@@ -215,11 +215,11 @@ def test_a_member_may_not_touch_another_members_run_nor_the_settings(two_passwor
     at.selectbox(key="runs_selected").select(theirs).run()
     at.checkbox(key=f"runs_confirm:{theirs}").check().run()
     needs = f"permission denied: delete run {theirs} by bob (member, shared password): needs to be the run's owner (alice)"
-    assert at.button(key="runs_delete").proto.help.startswith(needs)  # drawn disabled, saying why
-    at.button(key="runs_delete").click().run()
+    assert at.button(key=f"runs_delete:{theirs}").proto.help.startswith(needs)  # drawn disabled, saying why
+    at.button(key=f"runs_delete:{theirs}").click().run()
     assert refusal(at) == [f"Refused: {needs} with role member, or role admin"]
     at.text_area(key=f"runs_notes:{theirs}").input("mine now").run()
-    at.button(key="runs_save").click().run()
+    at.button(key=f"runs_save:{theirs}").click().run()
     assert refusal(at)[0].startswith(f"Refused: permission denied: edit run {theirs} by bob")
     assert (store.get_run(theirs).notes, len(store.runs())) == ("", 1)
     at = signed_in(forged("from workbench.ui import settings_page; settings_page.render()"), "bob", "member").run()
@@ -241,7 +241,7 @@ def test_a_member_manages_their_own_run(two_passwords, store):
     at = signed_in(AppTest.from_string("from workbench.ui import runs_page; runs_page.render()"), "bob", "member").run()
     at.selectbox(key="runs_selected").select(mine).run()
     at.text_area(key=f"runs_notes:{mine}").input("mine indeed").run()
-    at.button(key="runs_save").click().run()
+    at.button(key=f"runs_save:{mine}").click().run()
     assert not at.error and store.get_run(mine).notes == "mine indeed"
 
 

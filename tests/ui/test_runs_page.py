@@ -1,5 +1,7 @@
 """Runs page: the table's columns and values, filters and sort, and the actions on a run."""
 
+import time
+
 import pandas as pd
 import pytest
 from streamlit import config
@@ -65,7 +67,7 @@ def test_rename_tag_and_annotate(home, store):
     at.text_input(key=f"runs_name:{a}").input("alpha2").run()
     at.text_input(key=f"runs_tags:{a}").input("best, keep").run()
     at.text_area(key=f"runs_notes:{a}").input("lr too high?").run()
-    at.button(key="runs_save").click().run()
+    at.button(key=f"runs_save:{a}").click().run()
     run = store.get_run(a)
     assert (run["name"], run["tags"], run["notes"]) == ("alpha2", ["best", "keep"], "lr too high?")
 
@@ -75,11 +77,11 @@ def test_bad_name_error_names_the_field(home, store):
     at = page("runs_page").run()
     at.selectbox(key="runs_selected").select(a).run()
     at.text_input(key=f"runs_name:{a}").input("no/slashes").run()  # a name is a label: no path separators
-    at.button(key="runs_save").click().run()
+    at.button(key=f"runs_save:{a}").click().run()
     assert at.error[0].value.startswith("name='no/slashes': character '/' is not allowed")
     assert store.get_run(a)["name"] == "alpha"
     at.text_input(key=f"runs_name:{a}").input("with spaces").run()  # the recipe's name rule allows it
-    at.button(key="runs_save").click().run()
+    at.button(key=f"runs_save:{a}").click().run()
     assert not at.error and store.get_run(a)["name"] == "with spaces"
 
 
@@ -87,9 +89,9 @@ def test_delete_needs_confirmation(home, store):
     a, b, c = seed(store)
     at = page("runs_page").run()
     at.selectbox(key="runs_selected").select(c).run()
-    assert at.button(key="runs_delete").disabled
+    assert at.button(key=f"runs_delete:{c}").disabled
     at.checkbox(key=f"runs_confirm:{c}").check().run()
-    at.button(key="runs_delete").click().run()
+    at.button(key=f"runs_delete:{c}").click().run()
     assert sorted(store.list_runs()["id"]) == sorted([a, b])
 
 
@@ -98,14 +100,38 @@ def test_cancel_a_live_run_stops_its_process(home, store):
     try:
         at = page("runs_page").run()
         at.selectbox(key="runs_selected").select(live.run_id).run()
-        assert not at.button(key="runs_cancel").disabled
-        at.button(key="runs_cancel").click().run()
+        assert not at.button(key=f"runs_cancel:{live.run_id}").disabled
+        at.button(key=f"runs_cancel:{live.run_id}").click().run()
         assert live.proc.wait(timeout=10) == -15  # SIGTERM reached the run's process group
         from workbench.runs import sync
         sync(store)
         assert store.get_run(live.run_id)["status"] == "cancelled"
     finally:
         live.stop()
+
+
+def test_a_queued_click_never_acts_on_the_run_chosen_after_it(home, store):
+    """Streamlit folds a click still queued into the next rerun, its trigger beside the newer
+    widget values: with one Cancel button for every run, a click on run A's Cancel that arrived
+    with another run chosen in the box cancelled that run (seen in the browser: a second click on
+    Cancel, then the next run selected). Each action's key names its run, so the click is not read."""
+    first, second = LiveRun(store, name="first"), LiveRun(store, name="second")
+    try:
+        at = page("runs_page").run()
+        at.selectbox(key="runs_selected").select(first.run_id).run()
+        cancel = next(b for b in at.button if b.label == "Cancel run")  # by label: the key is what changed
+        cancel.click()
+        at.selectbox(key="runs_selected").select(second.run_id)
+        at.run()  # one rerun: the click on first's Cancel and second chosen
+        assert not at.exception, at.exception
+        time.sleep(1.0)
+        assert first.proc.poll() is None and second.proc.poll() is None
+        assert [store.get_run(r)["status"] for r in (first.run_id, second.run_id)] == ["running", "running"]
+        at.button(key=f"runs_cancel:{second.run_id}").click().run()  # the button drawn for second acts on it
+        assert second.proc.wait(timeout=10) == -15 and first.proc.poll() is None
+    finally:
+        first.stop()
+        second.stop()
 
 
 @pytest.mark.parametrize("blocked_by", ["password", "open address"])
@@ -126,7 +152,7 @@ def test_signed_out_session_sees_runs_with_actions_disabled(home, store, monkeyp
         at.checkbox(key=f"runs_confirm:{live.run_id}").check().run()
         assert not at.exception, at.exception
         for key in ("runs_save", "runs_cancel", "runs_delete"):
-            button = at.button(key=key)
+            button = at.button(key=f"{key}:{live.run_id}")
             assert button.disabled, key
             assert button.help == reason, key
     finally:
@@ -170,10 +196,10 @@ def test_resume_button_only_for_failed_cancelled_or_lost_runs_and_it_relaunches_
     at = page("runs_page").run()
     for run_id, enabled in ((a, False), (b, False), (c, True), (lost, True)):
         at.selectbox(key="runs_selected").select(run_id).run()
-        assert at.button(key="runs_resume").disabled is not enabled, run_id
-    assert at.button(key="runs_resume").help == "Start this run again in the same run (no checkpoint yet: from step 0)"
+        assert at.button(key=f"runs_resume:{run_id}").disabled is not enabled, run_id
+    assert at.button(key=f"runs_resume:{lost}").help == "Start this run again in the same run (no checkpoint yet: from step 0)"
     at.selectbox(key="runs_selected").select(c).run()
-    at.button(key="runs_resume").click().run()
+    at.button(key=f"runs_resume:{c}").click().run()
     assert not at.exception, at.exception
     run = store.get_run(c)
     try:
@@ -197,7 +223,7 @@ def test_runs_and_export_pages_show_where_the_trained_model_is(home, store):
     assert any(m.value.startswith(f"Trained model: `{final}`") for m in at.markdown)
     at.selectbox(key="runs_selected").select(c).run()
     assert any(m.value == f"Newest checkpoint: step 2 · `{checkpoint}`" for m in at.markdown)
-    assert at.button(key="runs_resume").help == f"Continue this run at step 3, from its checkpoint {checkpoint}"
+    assert at.button(key=f"runs_resume:{c}").help == f"Continue this run at step 3, from its checkpoint {checkpoint}"
     at.selectbox(key="runs_selected").select(a).run()
     assert not any("Trained model" in m.value or "checkpoint" in m.value for m in at.markdown)
 

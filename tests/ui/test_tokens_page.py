@@ -39,7 +39,7 @@ def test_an_admin_issues_lists_and_revokes_a_token(home, store):
     assert _codes(at) == []
     token_id = table["id"][0]
     assert at.selectbox(key="token_revoke_id").value == token_id
-    at.button(key="token_revoke").click().run()
+    at.button(key=f"token_revoke:{token_id}").click().run()
     assert not at.exception and not at.error
     assert at.dataframe[0].value["status"].tolist() == ["revoked"]
     with pytest.raises(TokenError, match="was revoked"):

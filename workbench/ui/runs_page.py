@@ -90,12 +90,17 @@ def _actions() -> None:
     st.fragment(_run_status, run_every=1.0 if run.active else None)(run_id, run.status)
     _model_location(run)
     principal = auth.current_principal()  # the service authorises each action as this principal
+    # Every action's key names its run: Streamlit folds a click that is still queued into the next
+    # rerun (its trigger kept beside the newer widget values), so a button shared by all runs
+    # acted on whichever run the box had changed to meanwhile (a second click on Cancel, then
+    # another run chosen, cancelled that run). A click on run A's button is not read when A is
+    # not drawn.
     cols = st.columns(2)
     with cols[0]:
         new_name = st.text_input("Name", value=run.name, key=f"runs_name:{run_id}")
         tags = st.text_input("Tags (comma separated)", value=", ".join(run.tags), key=f"runs_tags:{run_id}")
         notes = st.text_area("Notes", value=run.notes, key=f"runs_notes:{run_id}", height=68)
-        if guarded_button("Save name, tags and notes", key="runs_save", action="edit", run=run):
+        if guarded_button("Save name, tags and notes", key=f"runs_save:{run_id}", action="edit", run=run):
             try:
                 wr.edit_run(run_id, principal=principal, name=new_name.strip(), notes=notes, store=store(),
                             tags=[t.strip() for t in tags.split(",") if t.strip()])
@@ -104,7 +109,7 @@ def _actions() -> None:
             else:
                 st.rerun()
     with cols[1]:
-        if guarded_button("Cancel run", key="runs_cancel", disabled=not run.active, action="cancel", run=run,
+        if guarded_button("Cancel run", key=f"runs_cancel:{run_id}", disabled=not run.active, action="cancel", run=run,
                           help="SIGTERM to the run's processes (SIGKILL after a grace period)"):
             try:
                 wr.cancel(run_id, principal=principal, store=store(), wait=False)
@@ -113,7 +118,7 @@ def _actions() -> None:
             else:
                 st.toast(f"Cancelling {run_id}")
                 st.rerun()
-        if guarded_button("Resume run", key="runs_resume", disabled=run.status not in wr.RESUMABLE_STATUSES,
+        if guarded_button("Resume run", key=f"runs_resume:{run_id}", disabled=run.status not in wr.RESUMABLE_STATUSES,
                           action="resume", run=run, help=_resume_help(run)):
             try:
                 wr.resume(run_id, principal=principal, store=store())
@@ -122,13 +127,13 @@ def _actions() -> None:
             else:
                 st.toast(f"Resuming {run_id}")
                 st.rerun()
-        if st.button("Export this run (YAML, bash, sbatch)", key="runs_export"):
+        if st.button("Export this run (YAML, bash, sbatch)", key=f"runs_export:{run_id}"):
             from workbench.ui.nav import page
 
             st.session_state["export_run"] = run_id
             st.switch_page(page("export"))
         confirm = st.checkbox("I want to delete this run and its files", key=f"runs_confirm:{run_id}")
-        if guarded_button("Delete run", key="runs_delete", disabled=not confirm, action="delete", run=run):
+        if guarded_button("Delete run", key=f"runs_delete:{run_id}", disabled=not confirm, action="delete", run=run):
             try:
                 wr.delete(run_id, principal=principal, store=store())
             except (wr.RunError, wr.LaunchError, OSError) as err:

@@ -59,7 +59,8 @@ def _revoke(principal, records, now: float) -> bool:
     c1, c2 = st.columns([4, 1])
     chosen = c1.selectbox("Token", list(labels), format_func=labels.get, key="token_revoke_id")
     c2.write("")  # aligns the button with the box
-    if not c2.button("Revoke", key="token_revoke", type="primary"):
+    # keyed by the token: a queued click is not carried over to another token chosen meanwhile (runs_page)
+    if not c2.button("Revoke", key=f"token_revoke:{chosen}", type="primary"):
         return False
     try:
         apitokens.revoke_token(principal, chosen)
