@@ -68,3 +68,21 @@ def test_the_tokens_page_refuses_everyone_but_admins_in_one_line(home, store, mo
     assert [e.value for e in at.error] == [
         f"Refused: permission denied: tokens by bob ({role}, shared password): needs role admin"]
     assert not at.dataframe and not at.text_input and not at.button and not at.code
+
+
+def test_a_queued_revoke_never_acts_on_the_token_chosen_after_it(home, store):
+    """The runs page's queued-click case on Revoke: a click on Revoke while token A was chosen,
+    handled in one rerun with token B chosen, revokes neither (the button's key names its token);
+    B's own button then revokes B alone. The button is found by its label, so the test runs on
+    either keying (with one key for every token, one of them was revoked: checked)."""
+    admin = Principal("admin", "admin", "test")
+    (_, a), (_, b) = (apitokens.create_token(admin, user=u, role="member", days=7, store=store) for u in ("ada", "bob"))
+    at = page("tokens_page").run()
+    at.selectbox(key="token_revoke_id").select(a.id).run()
+    next(button for button in at.button if button.label == "Revoke").click()
+    at.selectbox(key="token_revoke_id").select(b.id)
+    at.run()  # one rerun: the click on A's Revoke and B chosen
+    assert not at.exception and not at.error
+    assert [t.revoked_at for t in store.tokens()] == [None, None]
+    at.button(key=f"token_revoke:{b.id}").click().run()
+    assert {t.id: t.revoked_at is not None for t in store.tokens()} == {a.id: False, b.id: True}
