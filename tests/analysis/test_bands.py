@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
-from workbench.analysis.bands import BANDS, _by_arm_then_x, _sorted_by, clip_band, frame_codes
+from workbench.analysis.bands import (BANDS, MAX_ALIGNED_SEEDS, _aligned_blocks, _by_arm_then_x, _per_point,
+                                      _sorted_by, clip_band, frame_codes)
 from workbench.viz.curves import PANELS
 
 T1 = 12.706204736174707  # t_{0.975, 1}
@@ -120,6 +121,39 @@ def test_the_per_point_order_is_lexsorts(rows, in_arm_blocks):
     rows = sorted(rows, key=lambda r: r[0]) if in_arm_blocks else rows
     arm, xs = np.array([r[0] for r in rows], dtype=np.intp), np.array([r[1] for r in rows], dtype=np.float64)
     assert (_by_arm_then_x(arm, xs) == np.lexsort((xs, arm))).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.integers(1, 4), hst.integers(1, 11), hst.integers(1, 7), hst.integers(0, 2**32 - 1),
+       hst.sampled_from(["aligned", "a seed behind", "x differs", "x repeats"]))
+def test_aligned_seeds_give_the_sorted_paths_numbers_exactly(arms, seeds, steps, seed, shape):
+    """Arms whose seeds share their steps are reduced over (seeds, steps) blocks; every statistic
+    equals the sort-and-reduceat path bit for bit (sums in reduceat's order), up to
+    MAX_ALIGNED_SEEDS seeds, and anything not aligned (a seed a step behind, other x, a repeated
+    x, more seeds) takes the sorted path. Values span 12 orders of magnitude: a different order
+    of addition shows in the last bits."""
+    rng = np.random.default_rng(seed)
+    run = np.repeat(np.arange(arms * seeds), steps)
+    arm = np.repeat(np.arange(arms), seeds * steps)
+    xs = np.tile(np.arange(steps, dtype=np.float64) * 3, arms * seeds)
+    ys = rng.normal(size=len(xs)) * 10.0 ** rng.integers(-6, 6, size=len(xs))
+    if shape == "a seed behind" and steps > 1:
+        keep = np.ones(len(xs), dtype=bool)
+        keep[steps - 1] = False  # run 0's last step not logged yet
+        run, arm, xs, ys = run[keep], arm[keep], xs[keep], ys[keep]
+    elif shape == "x differs" and seeds > 1:
+        xs[steps] += 1  # run 1's first x
+    elif shape == "x repeats" and steps > 1:
+        xs.reshape(-1, steps)[:, 1] = xs.reshape(-1, steps)[:, 0]
+    aligned = _aligned_blocks(run, arm, xs)
+    expected_aligned = shape == "aligned" or (shape == "a seed behind" and steps == 1) or (
+        shape == "x differs" and seeds == 1) or (shape == "x repeats" and steps == 1)
+    assert (aligned is not None) == (expected_aligned and 2 <= seeds <= MAX_ALIGNED_SEEDS)
+    fast, sorted_path = _per_point(arm, xs, ys, run=run), _per_point(arm, xs, ys)
+    assert fast.keys() == sorted_path.keys()
+    for key in fast:
+        assert fast[key].dtype == sorted_path[key].dtype, key
+        np.testing.assert_array_equal(fast[key], sorted_path[key], err_msg=key, strict=True)
 
 
 BOUNDED = [(key, metric) for key, panel in PANELS.items() for metric in panel.metrics

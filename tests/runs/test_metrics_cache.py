@@ -133,3 +133,25 @@ def test_arm_frame_is_the_inner_merge_of_the_runs_arms_and_their_rows():
         arms = pd.DataFrame([(i, f"arm{k % 3}", None if k == 0 else k) for k, i in enumerate(asked)],
                             columns=["run_id", "arm", "seed"])
         pd.testing.assert_frame_equal(arm_frame(arms, metrics), _merged(arms, metrics))
+
+
+def test_appended_rows_are_put_in_place_in_the_last_arm_frame(store, monkeypatch):
+    """After steps are appended, the arm frame is the last one with the new rows put in place
+    (only the new rows are matched to their arms) and equals the store's, in row order and column
+    order: runs asked for in any order, a metric first logged by the new rows, a run's first rows."""
+    import workbench.runs.metrics_cache as metrics_cache
+
+    a = add_run(store, name="a", steps=3, group="g", seed=1)
+    b = add_run(store, name="b", steps=2, group="g", seed=2)
+    fresh = add_run(store, name="fresh", steps=0, group="g", seed=3)
+    cache, ids = MetricsCache(store), [b, fresh, a]
+    matched = []  # rows of each frame matched to its arms
+    whole = metrics_cache.arm_frame
+    monkeypatch.setattr(metrics_cache, "arm_frame", lambda arms, frame: matched.append(len(frame)) or whole(arms, frame))
+    pd.testing.assert_frame_equal(cache.arm_metrics(ids), store.arm_metrics(ids))
+    for step in (3, 4):
+        store.ingest(a, [metrics_event(step, 100.0 + step)])
+        store.ingest(b, [{**metrics_event(step, 100.0 + step), "metrics": {"reward": 0.5, "only_new": 1.0}}])
+        store.ingest(fresh, [metrics_event(step, 100.0 + step)])
+        pd.testing.assert_frame_equal(cache.arm_metrics(ids), store.arm_metrics(ids))
+    assert matched == [5, 3, 3]  # the whole frame once, then the three new rows of each append

@@ -88,7 +88,10 @@ def check_independent_seeds(df: pd.DataFrame) -> None:
     interval narrowed by copies. The store refuses such runs since seeds became unique per arm;
     a file from before may still hold them (launches that raced). Runs of unknown seed are not
     checked."""
-    runs = df.iloc[_first_rows(df["run_id"])][["run_id", "arm", "seed"]]
+    first = _first_rows(df["run_id"])
+    # the three columns' first rows alone: a take of the whole frame (every metric column) was
+    # most of this check's ~3 ms per arms-view render
+    runs = pd.DataFrame({c: df[c].iloc[first].reset_index(drop=True) for c in ("run_id", "arm", "seed")})
     runs = runs[runs["seed"].notna()]
     twice = runs[runs.duplicated(["arm", "seed"], keep=False)]
     if twice.empty:
@@ -184,9 +187,9 @@ def final_window_scores(df: pd.DataFrame, metric: str, window_frac: float = DEFA
     steps = steps[order]
     ends = np.r_[np.flatnonzero(np.diff(np.sort(codes, kind="stable"))) + 1, len(order)]
     starts = np.r_[0, ends[:-1]]
-    firsts = df.iloc[logged[order[starts]]] if len(order) else df.iloc[:0]  # each run's first logged row
+    firsts = logged[order[starts]] if len(order) else np.empty(0, dtype=np.intp)  # each run's first logged row
     rows = []
-    for run_id, arm, seed, start, end in zip(run_ids, firsts["arm"], firsts["seed"], starts, ends):
+    for run_id, arm, seed, start, end in zip(run_ids, df["arm"].iloc[firsts], df["seed"].iloc[firsts], starts, ends):
         first = end - window_length(int(end - start), float(window_frac))
         rows.append({"run_id": run_id, "arm": str(arm), "seed": seed,
                      "score": float(values[first:end].mean()), "window_steps": int(end - first),
@@ -214,7 +217,11 @@ def mean_interval(mean, std, n, confidence: float = 0.95) -> tuple[np.ndarray, n
     # t quantile times the standard error (not stats.t.interval: it answers NaN for a zero spread,
     # and seeds that all score 1.0 have the interval [1, 1]); the quantile once per distinct n
     # (a curve's 10,000 points have two or three seed counts; scipy per point took ~1.5 ms a chart)
-    counts, which = np.unique(n[ok], return_inverse=True)
+    counted = n[ok]
+    if len(counted) and (counted == counted[0]).all():  # one count (seeds that all reached every step): no sort
+        counts, which = counted[:1], np.zeros(len(counted), dtype=np.intp)
+    else:
+        counts, which = np.unique(counted, return_inverse=True)
     quantile = stats.t.ppf((1 + confidence) / 2, counts - 1)[which.reshape(-1)]
     half[ok] = quantile * std[ok] / np.sqrt(n[ok])
     return mean - half, mean + half
@@ -239,13 +246,23 @@ def iqm_interval(x: np.ndarray, confidence: float = 0.95) -> tuple[float, float]
     return float(ci.low), float(ci.high)
 
 
-def _describe(x: np.ndarray, confidence: float) -> dict[str, Any]:
-    """n, mean, std (ddof = 1; NaN for one value) and the mean's t interval of (n,) scores."""
-    n = len(x)
-    mean = float(np.mean(x))
-    std = float(np.std(x, ddof=1)) if n > 1 else math.nan
+def _describe_rows(x: np.ndarray, confidence: float) -> dict[str, np.ndarray]:
+    """n, mean, std (ddof = 1; NaN for one value) and the mean's t interval of K arms' (K, n)
+    scores (one seed count): each statistic one call for all K rows, the same numbers as row by
+    row (numpy reduces each row's contiguous values alike). -> (K,) arrays."""
+    k, n = x.shape
+    mean = np.mean(x, axis=-1)
+    std = np.std(x, ddof=1, axis=-1) if n > 1 else np.full(k, math.nan)
     low, high = mean_interval(mean, std, n, confidence)
-    return {"n": n, "mean": mean, "std": std, "ci_low": float(low), "ci_high": float(high)}
+    return {"n": np.full(k, n), "mean": mean, "std": std, "ci_low": low, "ci_high": high}
+
+
+def _describe(x: np.ndarray, confidence: float) -> dict[str, Any]:
+    """``_describe_rows`` of one arm's (n,) scores, as Python numbers."""
+    return {key: values[0].item() for key, values in _describe_rows(x[None], confidence).items()}
+
+
+SUMMARY_COLUMNS = ["arm", "n", "mean", "std", "ci_low", "ci_high", "iqm", "iqm_ci_low", "iqm_ci_high", "note"]
 
 
 def arm_summary(scores_by_arm: Scores, confidence: float = 0.95) -> pd.DataFrame:
@@ -254,18 +271,27 @@ def arm_summary(scores_by_arm: Scores, confidence: float = 0.95) -> pd.DataFrame
     Columns: ``arm``, ``n`` (seeds), ``mean``, ``std`` (ddof = 1), ``ci_low`` / ``ci_high`` (the
     mean's Student-t interval, see ``mean_interval``; NaN for one seed), ``iqm`` (25 % trimmed mean),
     ``iqm_ci_low`` / ``iqm_ci_high`` (seeded percentile bootstrap, NaN below 5 seeds; see
-    ``iqm_interval``) and ``note`` (what is missing and why, else empty).
+    ``iqm_interval``) and ``note`` (what is missing and why, else empty). Arms of one seed count
+    are described together (``_describe_rows``: a scipy call per arm was most of a 10-arm table).
     """
     confidence = check_fraction("confidence", confidence)
+    scores = _check_scores(scores_by_arm)
+    by_count: dict[int, list[str]] = {}
+    for arm, x in scores.items():
+        by_count.setdefault(len(x), []).append(arm)
+    described: dict[str, dict[str, Any]] = {}
+    for arms in by_count.values():
+        stacked = np.stack([scores[arm] for arm in arms])
+        stats_of = {**_describe_rows(stacked, confidence), "iqm": _iqm(stacked, axis=-1)}
+        for j, arm in enumerate(arms):
+            described[arm] = {key: values[j].item() for key, values in stats_of.items()}
     rows = []
-    for arm, x in _check_scores(scores_by_arm).items():
+    for arm, x in scores.items():
         iqm_low, iqm_high = iqm_interval(x, confidence)
         note = ("1 seed: no interval (needs >= 2)" if len(x) < 2 else
                 f"IQM interval needs >= {MIN_SEEDS_IQM_INTERVAL} seeds" if len(x) < MIN_SEEDS_IQM_INTERVAL else "")
-        rows.append({"arm": arm, **_describe(x, confidence), "iqm": float(_iqm(x)),
-                     "iqm_ci_low": iqm_low, "iqm_ci_high": iqm_high, "note": note})
-    return pd.DataFrame(rows, columns=["arm", "n", "mean", "std", "ci_low", "ci_high", "iqm", "iqm_ci_low",
-                                       "iqm_ci_high", "note"])
+        rows.append({"arm": arm, **described[arm], "iqm_ci_low": iqm_low, "iqm_ci_high": iqm_high, "note": note})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 # -- per pair -------------------------------------------------------------------------------------

@@ -352,15 +352,18 @@ SWAMP = 3.0
 MARGIN = 0.1
 
 
-def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tuple[float, float]) -> list[float] | None:
+def y_range(means: np.ndarray, lows: np.ndarray, highs: np.ndarray, bounds: tuple[float, float], *,
+            drawn: bool = False) -> list[float] | None:
     """The y-axis range: the span of the means and bands, or of the means alone when the band
     would swamp them (band span > SWAMP x the means' span), with MARGIN of that span each side
     (of the value itself, or 1, for a flat line), kept inside ``bounds`` widened by the margin.
     Set explicitly: plotly's autorange put a flat line of a non-negative metric at 0.3 on an axis
-    from -0.5 to 1. None when nothing finite is drawn. Arrays: every drawn point of the chart."""
+    from -0.5 to 1. None when nothing finite is drawn. Arrays: every drawn point of the chart;
+    ``drawn``: they are already ``plotted`` (rounding them again changes no value)."""
     # as drawn (``plotted``): the EMA of a constant differs from it by ~1e-17, a "span" that
     # zoomed the axis onto one line with no tick on it
-    means, lows, highs = plotted(means), plotted(lows), plotted(highs)
+    if not drawn:
+        means, lows, highs = plotted(means), plotted(lows), plotted(highs)
     means = means[np.isfinite(means)]
     if not len(means):
         return None
