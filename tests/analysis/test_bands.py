@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from workbench.analysis import aggregation_caption, mean_curve_with_band
+from workbench.analysis.smoothing import EMA
 from workbench.analysis.bands import (BANDS, MAX_ALIGNED_SEEDS, _aligned_blocks, _by_arm_then_x, _per_point,
-                                      _sorted_by, clip_band, frame_codes)
+                                      _per_point_aligned, _sorted_by, clip_band, frame_codes)
 from workbench.viz.curves import PANELS
 
 T1 = 12.706204736174707  # t_{0.975, 1}
@@ -106,6 +107,25 @@ def test_codes_given_by_the_caller_change_nothing():
         mean_curve_with_band(df, "reward", codes=frame_codes(df.head(2)))
 
 
+def test_one_codes_object_serves_every_metric_and_x_of_its_frame():
+    """The codes of a frame keep its layout per x column (order and alignment checked once): curves
+    of metrics logged at every step and at some steps, on two x columns, drawn in turn from one codes
+    object equal each drawn alone; aligned seeds (3 per arm, same steps) and a late seed both."""
+    rng = np.random.default_rng(5)
+    for late in (False, True):
+        rows = [{"run_id": f"{arm}{seed}", "arm": arm, "seed": seed, "step": step, "reward": rng.normal(),
+                 "kl": rng.normal() if step % 2 else np.nan, "time": 2.0 * step + seed}
+                for arm in "ab" for seed in range(3) for step in range(6 - (late and seed == 2))]
+        frame, smooth = pd.DataFrame(rows), EMA(0.6)
+        codes = frame_codes(frame)
+        for x in ("step", "time", "step"):
+            for metric in ("reward", "kl", "reward"):
+                alone = mean_curve_with_band(frame, metric, x, smoothing=smooth)
+                pd.testing.assert_frame_equal(mean_curve_with_band(frame, metric, x, smoothing=smooth, codes=codes), alone)
+        assert set(codes.layouts) == {"step", "time"}
+        assert (codes.layouts["step"].aligned is None) == late  # a seed one step behind: the sorted path
+
+
 @given(hst.lists(hst.tuples(*(hst.integers(0, 3),) * 3), max_size=12))
 def test_sorted_by_says_what_lexsort_would_leave_in_place(rows):
     """The arms view's frame comes sorted by (run, x, step): the check that skips the sort is
@@ -149,7 +169,9 @@ def test_aligned_seeds_give_the_sorted_paths_numbers_exactly(arms, seeds, steps,
     expected_aligned = shape == "aligned" or (shape == "a seed behind" and steps == 1) or (
         shape == "x differs" and seeds == 1) or (shape == "x repeats" and steps == 1)
     assert (aligned is not None) == (expected_aligned and 2 <= seeds <= MAX_ALIGNED_SEEDS)
-    fast, sorted_path = _per_point(arm, xs, ys, run=run), _per_point(arm, xs, ys)
+    if aligned is None:
+        return
+    fast, sorted_path = _per_point_aligned(arm, xs, ys, *aligned), _per_point(arm, xs, ys)
     assert fast.keys() == sorted_path.keys()
     for key in fast:
         assert fast[key].dtype == sorted_path[key].dtype, key

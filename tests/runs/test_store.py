@@ -37,6 +37,26 @@ def test_run_round_trips(store):
     assert store.list_runs(tag="zzz").empty
 
 
+def test_the_runs_frame_is_the_records_as_a_frame_with_seed_as_nullable_integers(store):
+    """``list_runs``' frame is pandas' frame of the records' fields (one dict per run) with ``seed``
+    as Int64, whatever the runs hold: a known and an unknown seed, a run never started (None times),
+    a finished one, no run at all."""
+    import pandas as pd
+
+    from workbench.runs.store import RUN_COLUMNS, runs_frame
+
+    _make(store, "r1", tags=["a"], group="g")
+    _make(store, "r2", recipe_yaml="name: grpo\ntrain:\n  seed: 3\n")
+    store.ingest("r2", [{"kind": "status", "step": 0, "time": 100.0, "status": "running"}, _metrics(0, 0.5),
+                        {"kind": "status", "step": 1, "time": 101.0, "status": "finished"}])
+    store.update_run("r1", seed=None)
+    records = store.runs()
+    for rows in (records, records[:1], records[1:], []):
+        expected = pd.DataFrame([{c: getattr(r, c) for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
+        pd.testing.assert_frame_equal(runs_frame(rows), expected.astype({"seed": "Int64"}))
+    assert runs_frame(records)["seed"].isna().tolist() == [True, False]
+
+
 def test_ingest_is_idempotent_by_run_step_kind(store):
     _make(store)
     events = [_metrics(0, 0.25), _metrics(1, 0.5),

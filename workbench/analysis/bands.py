@@ -96,33 +96,67 @@ class _Points(NamedTuple):
     x: np.ndarray
     y: np.ndarray
     arms: list[str]  # arm code -> name (order of first appearance in the frame)
+    layout: "_Layout | None" = None  # the frame's, when these are all of its rows as it has them
+
+
+class _Layout(NamedTuple):
+    """What every metric logged at every row of a frame shares for one x column: the x and step
+    values (N,) float64, whether the rows are in (run, x, step) order already, and
+    ``_aligned_blocks`` of them (None when not in order or not aligned)."""
+
+    x: np.ndarray
+    step: np.ndarray
+    in_order: bool
+    aligned: tuple[int, int] | None
 
 
 class FrameCodes(NamedTuple):
     """A frame's runs and arms as integer codes in order of first appearance: (N,) each, and
     arm code -> name. Computed once by a caller that draws several metrics of one frame (factorizing
-    the string ids was a third of a band's time, for every chart)."""
+    the string ids was a third of a band's time, for every chart). ``layouts``: x column ->
+    ``_Layout``, filled by the first curve of each x drawn from these codes (the order and
+    alignment checks then run once per frame, not once per chart)."""
 
     run: np.ndarray
     arm: np.ndarray
     arms: list[str]
+    layouts: dict[str, _Layout] | None = None
 
 
 def frame_codes(df: pd.DataFrame) -> FrameCodes:
     run, _ = pd.factorize(df["run_id"], sort=False)
     arm, arms = pd.factorize(df["arm"].astype(str), sort=False)
-    return FrameCodes(run, arm, [str(a) for a in arms])
+    return FrameCodes(run, arm, [str(a) for a in arms], {})
+
+
+def _layout(df: pd.DataFrame, x: str, codes: FrameCodes) -> _Layout:
+    """``df``'s ``_Layout`` for ``x`` (kept in ``codes.layouts`` where it has them)."""
+    kept = codes.layouts.get(x) if codes.layouts is not None else None
+    if kept is not None:
+        return kept
+    xs = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=np.float64)
+    step = df["step"].to_numpy(dtype=np.float64) if "step" in df.columns else np.zeros(len(df))
+    in_order = _sorted_by(codes.run, xs, step)
+    made = _Layout(xs, step, in_order, _aligned_blocks(codes.run, codes.arm, xs) if in_order else None)
+    if codes.layouts is not None:
+        codes.layouts[x] = made
+    return made
 
 
 def _points(df: pd.DataFrame, metric: str, x: str, codes: FrameCodes | None = None) -> _Points:
-    run, arm, arms = codes if codes is not None else frame_codes(df)
+    """``metric``'s finite points (``_Points``); with the frame's ``_Layout`` when every row is
+    one of them (the rows as the frame has them)."""
+    codes = codes if codes is not None else frame_codes(df)
+    run, arm, arms = codes.run, codes.arm, codes.arms
     if len(run) != len(df):
         raise ValueError(f"codes of {len(run)} rows given for a frame of {len(df)}; use frame_codes(df)")
-    xs = pd.to_numeric(df[x], errors="coerce").to_numpy(dtype=np.float64)
+    layout = _layout(df, x, codes)
+    xs, step = layout.x, layout.step
     ys = pd.to_numeric(df[metric], errors="coerce").to_numpy(dtype=np.float64)
-    step = df["step"].to_numpy(dtype=np.float64) if "step" in df.columns else np.zeros(len(df))
     ok = np.isfinite(xs) & np.isfinite(ys)
-    if not ok.all():  # (a metric logged at every step keeps every row: no copies)
+    if ok.all() and layout.in_order:  # a metric logged at every step of the arms view's frame
+        return _Points(run, arm, xs, ys, list(arms), layout)
+    if not ok.all():
         run, arm, xs, ys, step = run[ok], arm[ok], xs[ok], ys[ok], step[ok]
     order = None if _sorted_by(run, xs, step) else np.lexsort((step, xs, run))  # stable: equal x keep step order
     if order is None:  # rows already in (run, x, step) order: the arms view's frame, sorted once for all charts
@@ -161,6 +195,8 @@ def _smoothed(p: _Points, smoothing: Smoother | None) -> np.ndarray:
     if rows is None:
         return np.concatenate([smoothing(p.y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])])
     out, starts, lengths = np.empty_like(p.y), bounds[:-1], np.diff(bounds)
+    if (lengths == lengths[0]).all():  # every run of one length: the rows are a (runs, length) view
+        return rows(p.y.reshape(len(lengths), -1)).reshape(-1)
     for length in np.unique(lengths):  # seeds of equal length (all of them, once runs have finished)
         at = starts[lengths == length][:, None] + np.arange(length)  # (seeds, length) positions
         out[at] = rows(p.y[at])
@@ -194,14 +230,10 @@ def _by_arm_then_x(arm: np.ndarray, xs: np.ndarray) -> np.ndarray:
     return np.concatenate([a + np.argsort(xs[a:b], kind="stable") for a, b in zip(bounds[:-1], bounds[1:])])
 
 
-def _per_point(arm: np.ndarray, xs: np.ndarray, ys: np.ndarray, run: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def _per_point(arm: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> dict[str, np.ndarray]:
     """Mean, std (ddof 1; NaN for one seed), count, min and max of ys per (arm, x), rows sorted by
-    arm code then x. arm, xs, ys: (Q,) -> columns (P,). ``run``: each row's run code, rows sorted
-    by run then x (``_Points``): where every arm's seeds were logged at the same x, the statistics
-    are taken over (seeds, x) blocks instead (``_per_point_aligned``, the same numbers)."""
-    aligned = _aligned_blocks(run, arm, xs) if run is not None else None
-    if aligned is not None:
-        return _per_point_aligned(arm, xs, ys, *aligned)
+    arm code then x. arm, xs, ys: (Q,) -> columns (P,). (Rows whose arms' seeds share their x:
+    ``_per_point_aligned``, the same numbers without the sort.)"""
     order = _by_arm_then_x(arm, xs)
     arm, xs, ys = arm[order], xs[order], ys[order]
     key_change = np.r_[True, (arm[1:] != arm[:-1]) | (xs[1:] != xs[:-1])]
@@ -342,8 +374,9 @@ def curve_arrays(df: pd.DataFrame, metric: str, x: str = "step", *, smoothing: S
     ys = _smoothed(p, smoothing)
     if (x != "step") if interpolate is None else interpolate:
         c = _per_point(*_on_grid(p, ys, grid_points))
-    else:
-        c = _per_point(p.arm, p.x, ys, run=p.run)
+    else:  # where every arm's seeds were logged at the same x: over (seeds, x) blocks, the same numbers
+        blocks = p.layout.aligned if p.layout is not None else _aligned_blocks(p.run, p.arm, p.x)
+        c = _per_point_aligned(p.arm, p.x, ys, *blocks) if blocks else _per_point(p.arm, p.x, ys)
     low, high = chosen.edges(c["mean"], c["std"], c["n_seeds"], c["min"], c["max"], confidence)
     low, high = clip_band(c["mean"], np.asarray(low, np.float64), np.asarray(high, np.float64), bounds)
     return Curve(c["arm"], c["x"], c["mean"], c["std"], low, high, c["n_seeds"], p.arms)

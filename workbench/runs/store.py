@@ -622,8 +622,13 @@ class RunStore:
 
 def runs_frame(rows: list[Run]) -> pd.DataFrame:
     """``rows`` as ``list_runs``' frame: one row each, in the given order, columns ``RUN_COLUMNS``."""
-    frame = pd.DataFrame([{c: getattr(r, c) for c in RUN_COLUMNS} for r in rows], columns=RUN_COLUMNS)
-    return frame.astype({"seed": "Int64"})  # a run of an older file may have no known seed: <NA>, not 0.0
+    if not rows:  # object columns, as a frame of no rows always had
+        return pd.DataFrame(columns=RUN_COLUMNS).astype({"seed": "Int64"})
+    columns = {c: [getattr(r, c) for r in rows] for c in RUN_COLUMNS}
+    # a run of an older file may have no known seed: <NA>, not 0.0 (built as Int64 at once: an
+    # astype of the frame afterwards was two thirds of this function, called ~5 times a redraw)
+    columns["seed"] = pd.array(columns["seed"], dtype="Int64")
+    return pd.DataFrame(columns, columns=RUN_COLUMNS)
 
 
 def arm_frame(arms: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:

@@ -13,6 +13,7 @@ and is not touched at all."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from functools import partial
@@ -285,15 +286,17 @@ def _per_run_view(ids: list[str], controls: dict, labels: dict[str, str], record
         st.dataframe(final_metrics_table(metrics, labels), hide_index=True)
 
 
-def _stamp(ids: list[str], records: list | None = None) -> tuple:
-    """What identifies the selected runs' data: the store and, per run, the last step ingested, its
-    reward there, its status and its metrics generation (appended steps move the last step; a resume
-    that redoes steps, or a row below the last, moves the generation). ``records``: the runs'
-    records when the caller has just read them (``runs_by_id(ids)``)."""
-    runs = runs_frame(records) if records is not None else _selected_runs(ids)
+def _stamp(ids: list[str], records: list | None = None) -> tuple[str, str]:
+    """What identifies the selected runs' data: the store's location and a digest of, per run in
+    the order of ``ids``, its id, the last step ingested, its reward there, its status and its
+    metrics generation (appended steps move the last step; a resume that redoes steps, or a row
+    below the last, moves the generation). ``records``: the runs' records when the caller has just
+    read them (``runs_by_id(ids)``). A digest, not the rows: Streamlit hashes a cached function's
+    arguments on every call, three calls a redraw, and 30 runs' rows took ~0.6 ms each time."""
+    records = records if records is not None else store().runs_by_id(ids)
     generations = store().metrics_generations(ids)
-    return (str(store().url), *zip(runs["id"], runs["last_step"], runs["reward"].astype(str), runs["status"],
-                                   map(generations.get, runs["id"])))
+    rows = [(r.id, r.last_step, r.reward, r.status, generations.get(r.id)) for r in records]
+    return str(store().url), hashlib.blake2b(repr(rows).encode(), digest_size=16).hexdigest()
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -304,19 +307,20 @@ def _metrics_cache(location: str) -> MetricsCache:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _frame(stamp: tuple, ids: tuple[str, ...]):
-    """``RunStore.arm_metrics(ids)`` for the data ``stamp`` names (read-only: shared by sessions),
+def _frame(stamp: tuple[str, str], _ids: tuple[str, ...]):
+    """``RunStore.arm_metrics(_ids)`` for the data ``stamp`` names (read-only: shared by sessions),
     drawn by both views and naming the Charts options. Cached because a script run re-runs on
-    every widget change (the verdict's window, a panel)."""
-    return _metrics_cache(stamp[0]).arm_metrics(list(ids))
+    every widget change (the verdict's window, a panel). ``_ids`` is left out of the cache key
+    (Streamlit skips an argument named with a leading underscore): the stamp names the runs."""
+    return _metrics_cache(stamp[0]).arm_metrics(list(_ids))
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _arm_charts(stamp: tuple, ids: tuple[str, ...], panels: tuple[str, ...], x: str, smoothing: float, seeds: bool,
-                band: str, secondary: bool):
+def _arm_charts(stamp: tuple[str, str], _ids: tuple[str, ...], panels: tuple[str, ...], x: str, smoothing: float,
+                seeds: bool, band: str, secondary: bool):
     """The arms view's charts for data ``stamp`` and these controls (~0.3 s for 10 arms x 3 seeds x
     1,000 steps: changing the verdict's controls must not pay it again)."""
-    return arm_figures(_frame(stamp, ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds, band=band,
+    return arm_figures(_frame(stamp, _ids), list(panels), x=x, smoothing=smoothing, show_seeds=seeds, band=band,
                        secondary=secondary)
 
 

@@ -224,8 +224,9 @@ def arm_figures(df: pd.DataFrame, panels: list[str], *, x: str = "step", smoothi
     (the x values computed once). No chart has its own legend by default: the page draws
     ``legend_html(arm_colours(df))`` once, every arm in one colour on every chart."""
     smoothing = check_smoothing(smoothing)
-    frame = with_x(df, x)
-    colours, codes = arm_colours(frame), frame_codes(frame)
+    frame = with_x(df, x)  # sorted by run id, then step: its arms' order of first appearance is arm_colours'
+    codes = frame_codes(frame)
+    colours = {arm: colour(i) for i, arm in enumerate(codes.arms)}
     return {key: _arm_chart(frame, resolve_panel(key), colours, x, smoothing, show_seeds, confidence, height, band,
                             secondary, legend, codes) for key in panels}
 

@@ -44,13 +44,16 @@ def typed_array(v: np.ndarray):
     return {"dtype": short, "bdata": base64.b64encode(np.ascontiguousarray(v)).decode("ascii")}
 
 
+_LEAVES = (str, int, float, bool, type(None))
+
+
 def _encoded(obj):
     """A copy of a trace's properties with every numpy array that is a dict's value as its
     typed-array spec, as plotly's ``convert_to_base64`` does (containers copied; leaves shared:
     strings and numbers are immutable, and an array inside a list is sent as it is)."""
-    if isinstance(obj, dict):
-        return {k: (v if is_skipped_key(k) else typed_array(v) if isinstance(v, np.ndarray) else _encoded(v))
-                for k, v in obj.items()}
+    if isinstance(obj, dict):  # a string or number is itself whatever its key (plotly's key check is a loop)
+        return {k: (v if isinstance(v, _LEAVES) or is_skipped_key(k) else
+                    typed_array(v) if isinstance(v, np.ndarray) else _encoded(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):  # an array directly in a list stays an array, as plotly leaves it
         return type(obj)(_encoded(v) for v in obj)
     return obj
