@@ -155,3 +155,9 @@ def test_appended_rows_are_put_in_place_in_the_last_arm_frame(store, monkeypatch
         store.ingest(fresh, [metrics_event(step, 100.0 + step)])
         pd.testing.assert_frame_equal(cache.arm_metrics(ids), store.arm_metrics(ids))
     assert matched == [5, 3, 3]  # the whole frame once, then the three new rows of each append
+    # what a caller does to its frame does not reach the next one
+    mine = cache.arm_metrics(ids)
+    mine["reward"] = -1.0
+    del mine["kl"]
+    store.ingest(a, [metrics_event(5, 105.0)])
+    pd.testing.assert_frame_equal(cache.arm_metrics(ids), store.arm_metrics(ids))

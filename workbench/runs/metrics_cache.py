@@ -86,7 +86,9 @@ class MetricsCache:
             self._arm_kept[tuple(run_ids)] = made
             while len(self._arm_kept) > self.max_sets:
                 self._arm_kept.popitem(last=False)
-            return made.frame
+            # the kept frame is the next call's start: the caller gets its own frame object (shallow;
+            # with copy-on-write a change the caller makes copies what it changes)
+            return made.frame.copy(deep=False)
 
     def _frame(self, run_ids: Iterable[str]) -> pd.DataFrame:
         return self._kept_of(run_ids).frame
