@@ -107,6 +107,21 @@ def test_new_rows_of_more_runs_than_one_query_can_name_are_read(store):
     assert list(zip(got["run_id"], got["step"])) == [(a, 1), (a, 2), (b, 0), (b, 1)]
 
 
+def test_new_rows_of_runs_at_shared_and_different_steps_are_each_runs_rows_past_its_step(store):
+    """metrics_after asks once per distinct step (runs stepping together share a condition): each
+    run's rows past its own step come back, whether its step is shared, its own, before its first
+    row or past its last, in run id then step order, as the store's frame has them."""
+    ids = [add_run(store, name=f"r{i}", steps=steps) for i, steps in enumerate([5, 5, 4, 6, 3, 0])]
+    after = dict(zip(ids, [2, 2, 0, 2, -1, 0]))  # three runs at step 2, one at 0, one before its first row
+    after |= {add_run(store, name="done", steps=3): 9}  # past its last row: nothing
+    got = store.metrics_after(after)
+    whole = store.metrics(list(after))
+    expected = whole[whole["step"] > whole["run_id"].map(after)].reset_index(drop=True)
+    assert [(r, s) for r, s in zip(got["run_id"], got["step"])] == [(r, s) for r, s in zip(expected["run_id"], expected["step"])]
+    assert len(got) == 2 + 2 + 3 + 3 + 3
+    pd.testing.assert_frame_equal(got, expected, check_like=True)
+
+
 def _merged(arms: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     """arm_frame's definition: the inner merge on run_id, key columns first."""
     frame = arms.merge(metrics, on="run_id", how="inner")
@@ -161,3 +176,30 @@ def test_appended_rows_are_put_in_place_in_the_last_arm_frame(store, monkeypatch
     del mine["kl"]
     store.ingest(a, [metrics_event(5, 105.0)])
     pd.testing.assert_frame_equal(cache.arm_metrics(ids), store.arm_metrics(ids))
+
+
+def test_the_plain_frame_put_together_late_equals_the_store_after_any_number_of_reads(store, monkeypatch):
+    """While only arm frames are asked for, each read's rows wait beside the kept frame and are put
+    together when the plain frame is asked for, or after MAX_PENDING_READS reads: either way the
+    frames equal the store's (rows, order, columns, dtypes), with a metric first logged by a later
+    read, an integer-valued metric, a run's first rows, and the plain frame asked for midway."""
+    import workbench.runs.metrics_cache as metrics_cache
+
+    monkeypatch.setattr(metrics_cache, "MAX_PENDING_READS", 3)
+    a = add_run(store, name="a", steps=2, group="g", seed=1)
+    b = add_run(store, name="b", steps=0, group="g", seed=2)
+    cache, ids = MetricsCache(store), [a, b]
+    cache.arm_metrics(ids)
+    put_together = []
+    appended = metrics_cache._appended
+    monkeypatch.setattr(metrics_cache, "_appended", lambda frame, reads: put_together.append(len(reads)) or appended(frame, reads))
+    for step in range(2, 12):
+        store.ingest(a, [metrics_event(step, 100.0 + step)])
+        metrics = {"reward": 0.5, "count": step} | ({"late": float(step)} if step > 4 else {})
+        store.ingest(b, [{**metrics_event(step, 100.0 + step), "metrics": metrics}])
+        pd.testing.assert_frame_equal(cache.arm_metrics(ids), store.arm_metrics(ids))
+        if step == 6:
+            pd.testing.assert_frame_equal(cache.metrics(ids), store.metrics(ids))
+    assert put_together == [4, 1, 4]  # after 4 reads (> 3), asked for at step 6 (1 read since), then 4 more
+    pd.testing.assert_frame_equal(cache.metrics(ids), store.metrics(ids))
+    assert put_together == [4, 1, 4, 1]  # the last read alone

@@ -70,6 +70,10 @@ def test_a_group_with_seeds_opens_on_the_arms_view_with_mean_and_band(home, arms
     assert mean["x"] == [0, 1, 2, 3, 4, 5]
     assert mean["y"] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.45, 0.55])
     assert decode(mean["customdata"]) == [3, 3, 3, 3, 2, 2]  # seeds behind each point, in the hover
+    assert mean["hovertemplate"] == "%{y:.4g} (mean of %{customdata} seeds)<extra>grpo</extra>"
+    # rloo's 3 seeds reached every step: the count is written into the hover, no array sent for it
+    assert "customdata" not in reward["rloo"]
+    assert reward["rloo"]["hovertemplate"] == "%{y:.4g} (mean of 3 seeds)<extra>rloo</extra>"
     half = [T2 * 0.1 / math.sqrt(3)] * 4 + [T1 * (0.1 / math.sqrt(2)) / math.sqrt(2)] * 2
     band = reward["grpo (95% CI)"]
     assert band["fill"] == "toself" and band["showlegend"] is False

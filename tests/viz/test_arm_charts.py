@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from tests.ui.figspec import traces
 from workbench.analysis import mean_curve_with_band
@@ -152,6 +154,32 @@ def test_thinning_keeps_each_buckets_extremes_exactly():
     assert len(kept) <= 400 + 2 and not {256, 503, 778} & set(range(0, n, 3))
     assert keep_extremes(mean[:400], low[:400], high[:400], max_points=400).tolist() == list(range(400))
     assert keep_extremes(np.empty(0), np.empty(0), np.empty(0)).tolist() == []
+
+
+def _bucket_extremes_by_loop(mean, low, high, max_points):
+    """``keep_extremes`` written out: per bucket of k points the first index of its lowest and
+    highest mean, lowest low and highest high, NaN skipped (an all-NaN bucket: its first point)."""
+    n = len(mean)
+    if n <= max_points:
+        return list(range(n))
+    k = -(-n // (max_points // 4))
+    kept = {0, n - 1}
+    for start in range(0, n, k):
+        for values, lowest in ((mean, True), (mean, False), (low, True), (high, False)):
+            bucket = [(v if lowest else -v, i) for i, v in enumerate(values[start:start + k]) if not math.isnan(v)]
+            kept.add(start + (min(bucket, key=lambda vi: vi[0])[1] if bucket else 0))  # min: first of ties
+    return sorted(kept)
+
+
+@settings(max_examples=80, deadline=None)
+@given(hst.integers(1, 60), hst.integers(4, 24), hst.data())
+def test_thinning_keeps_what_a_loop_over_buckets_keeps(n, max_points, data):
+    """The vectorised thinning (the four extremes as minima of one stacked array) keeps the
+    indices a plain loop over buckets keeps: ties (+0.0 and -0.0 among them) to the first point,
+    NaN skipped. (Finite values and NaN only: the curves' statistics are of finite points.)"""
+    value = hst.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, 1e300, -1e-300, math.nan])
+    mean, low, high = (np.array(data.draw(hst.lists(value, min_size=n, max_size=n))) for _ in range(3))
+    assert keep_extremes(mean, low, high, max_points).tolist() == _bucket_extremes_by_loop(mean, low, high, max_points)
 
 
 @pytest.mark.parametrize("lengths", [(1000, 1000, 1000), (1000, 1001, 999), (7, 7), (401, 401, 401, 401)])

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from tests.ui.figspec import traces
-from workbench.viz.curves import PANELS, available_panels, compare_figures, ema, final_metrics_table, metric_figure, progress, step_label
+from workbench.viz.curves import (PANELS, available_panels, compare_figures, ema, final_metrics_table, has_values, metric_figure,
+                                  progress, step_label)
 
 
 def frame() -> pd.DataFrame:
@@ -159,3 +160,18 @@ def test_eval_metrics_logged_every_n_steps_draw_one_connected_line():
     assert [t["name"] for t in fig["data"]] == ["grpo", "rloo"]  # pass@k not logged: one trace per run
     assert all(t["connectgaps"] for t in fig["data"])
     assert fig["data"][0]["y"][0] == 0.25 and fig["data"][0]["y"][2] == 0.5 and np.isnan(fig["data"][0]["y"][1])
+
+
+@pytest.mark.parametrize("values, dtype", [
+    ([1.0, np.nan], "float64"), ([np.nan, np.nan], "float64"), ([], "float64"), ([np.inf], "float64"),
+    ([np.nan, -np.inf], "float32"), ([1, 2], "int64"), ([], "int64"), ([3], "uint8"), ([True], "bool"),
+    ([None, None], "object"), ([None, "x"], "object"), ([np.nan, 1.5], "object"), ([1.0, None], "Float64"),
+    ([None, None], "Float64"), ([None, None], "string"), (["a", None], "string"), ([1, None], "Int64"),
+    ([pd.NaT, pd.NaT], "datetime64[ns]"), ([pd.NaT, pd.Timestamp(0)], "datetime64[ns]"), ([], "object"),
+])
+def test_has_values_is_pandas_notna_any_for_every_dtype(values, dtype):
+    """The charts' check of a column (read as its array where numpy holds it) says what pandas
+    says of the same column: a NaN is missing, an inf is a value, an integer column has a value
+    in every row."""
+    column = pd.Series(values, dtype=dtype)
+    assert has_values(column) is bool(column.notna().any())

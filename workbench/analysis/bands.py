@@ -423,9 +423,11 @@ def aggregation_caption(curve: pd.DataFrame | Curve, x: str = "step", confidence
     if not isinstance(curve, Curve):
         codes, names = pd.factorize(curve["arm"], sort=False)
         curve = Curve(codes, curve["x"].to_numpy(), *(np.empty(0),) * 4, curve["n_seeds"].to_numpy(), list(names))
+    # every point of every arm over the same number of seeds (finished runs): one check, not one per arm
+    same = bool(len(curve.n_seeds)) and bool((curve.n_seeds == curve.n_seeds[0]).all())
     for arm, rows in curve.arm_slices():
         n_seeds, xs = curve.n_seeds[rows], curve.x[rows]
-        segments = _segments(n_seeds, xs)
+        segments = [(int(n_seeds[0]), float(xs[-1]))] if same else _segments(n_seeds, xs)
         if len(segments) == 1:
             text = _seeds(segments[0][0])
         elif len(segments) <= 3:

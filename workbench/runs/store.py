@@ -531,11 +531,9 @@ class RunStore:
         items = sorted(after.items())
         rows: list[Row] = []
         with self._read() as conn:  # batches: SQLite refuses an OR of ~1,000 terms (expression depth)
-            for start in range(0, len(items), MAX_OR_TERMS):
-                batch = items[start:start + MAX_OR_TERMS]
+            for start in range(0, len(items), MAX_OR_TERMS):  # runs in id order: the batches' rows follow each other
                 rows += conn.execute(sa.select(table.c.run_id, table.c.step, table.c.time, table.c.data)
-                                     .where(sa.or_(*(sa.and_(table.c.run_id == run_id, table.c.step > int(step))
-                                                     for run_id, step in batch)))
+                                     .where(_past_steps(table, items[start:start + MAX_OR_TERMS]))
                                      .order_by(table.c.run_id, table.c.step)).all()
         return _metrics_frame(rows)
 
@@ -653,6 +651,16 @@ def arm_frame(arms: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     values = metrics[first[3:] + [c for c in metrics.columns if c not in first]]
     return pd.concat([arms.take(run[order]).reset_index(drop=True),
                       values.take(order).reset_index(drop=True)], axis=1)
+
+
+def _past_steps(table: sa.Table, after: list[tuple[str, int]]) -> sa.ColumnElement[bool]:
+    """The rows of each run of ``after`` (run id, step) past its step: one condition per distinct
+    step, ``run_id IN (...) AND step > s`` (runs stepping together share one: a condition per run
+    made 30 runs' statement cost more to build than to run)."""
+    runs_at: dict[int, list[str]] = {}
+    for run_id, step in after:
+        runs_at.setdefault(int(step), []).append(run_id)
+    return sa.or_(*(sa.and_(table.c.run_id.in_(ids), table.c.step > step) for step, ids in runs_at.items()))
 
 
 def _metrics_frame(rows: list[Row]) -> pd.DataFrame:
@@ -777,13 +785,13 @@ _COLUMN_OF = {"group": "grp"}  # Run field -> runs column, where they differ
 
 def _record(row: Row) -> Run:
     """A ``runs`` row as a Run (JSON columns parsed; ``grp`` is ``group``)."""
-    mapping = row._mapping
+    columns = row._asdict()  # a plain dict: a lookup in the row's own mapping cost ~1 us (31 per run)
     values = {}
     for name in RUN_FIELDS:
         column = _COLUMN_OF.get(name, name)
-        if column not in mapping:
+        if column not in columns:
             continue
-        value = mapping[column]
+        value = columns[column]
         values[name] = json.loads(value) if column in _JSON_COLUMNS else value
     values["cancel_requested"] = bool(values.get("cancel_requested"))
     return Run(**values)

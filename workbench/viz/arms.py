@@ -11,6 +11,7 @@ range from ``Panel.meta``), optionally each seed as a faint line. The statistics
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +21,7 @@ import plotly.graph_objects as go
 from workbench.analysis import aggregation_caption
 from workbench.analysis.bands import BANDS, Curve, FrameCodes, clip_note, curve_arrays, frame_codes
 from workbench.analysis.smoothing import EMA, check_smoothing
-from workbench.viz.wire import WireFigure
+from workbench.viz.wire import WireFigure, narrowed
 from workbench.viz.curves import (_DASHES, LEGEND_PLACE, LEGEND_SIDE, TITLE_PLACE, X_LABELS, Panel, colour, drawn_metrics,
                                   ema, line_styles, plotted, resolve_panel, with_x, y_range)
 
@@ -51,6 +52,7 @@ MAX_POINTS = 400
 EXTREMES_PER_BUCKET = 4  # the mean's min and max, the band's lowest low and highest high
 
 
+@lru_cache(maxsize=256)
 def fill_colour(hex_colour: str, alpha: float = BAND_ALPHA) -> str:
     """'#636efa' -> 'rgba(99,110,250,0.2)'."""
     r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
@@ -99,9 +101,11 @@ def kept_points(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_points:
     if n <= max_points:
         return np.ones((a, n), dtype=bool)
     k = -(-n // max(1, max_points // EXTREMES_PER_BUCKET))
-    keep, row = np.zeros((a, n), dtype=bool), np.arange(a)[:, None]
-    for values, pick in ((mean, np.argmin), (mean, np.argmax), (low, np.argmin), (high, np.argmax)):
-        keep[row, _bucket_extreme(values, k, pick)] = True
+    # the four extremes as minima of (4, A, N) in one call: argmax(v) is argmin(-v), ties and NaN
+    # alike (the first of equal values; NaN loses against every number either way)
+    lowest = _bucket_extreme(np.concatenate([mean, -mean, low, -high]), k, np.argmin)  # (4A, buckets)
+    keep = np.zeros((a, n), dtype=bool)
+    keep[np.tile(np.arange(a), EXTREMES_PER_BUCKET)[:, None], lowest] = True
     keep[:, [0, n - 1]] = True
     return keep
 
@@ -116,6 +120,17 @@ def keep_extremes(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_point
     the kept points looks as the full one does at the chart's width. mean, low, high: (N,) ->
     (K,) int, K <= max_points + 2; all N points when N <= max_points."""
     return np.flatnonzero(kept_points(mean[None], low[None], high[None], max_points)[0])
+
+
+def _seed_hover(n_seeds: np.ndarray, name: str) -> dict:
+    """A mean line's hover: its value and the seeds behind it. Per point (``customdata``) where the
+    count changes along the line (live runs at different steps); written into the template where
+    every point has the same count (finished runs: one array fewer of 2-3 sent per arm and chart
+    on every redraw). n_seeds: (K,) int."""
+    tail = " seeds)<extra>" + name + "</extra>"
+    if len(n_seeds) and (n_seeds == n_seeds[0]).all():
+        return {"hovertemplate": f"%{{y:.4g}} (mean of {int(n_seeds[0])}" + tail}
+    return {"customdata": n_seeds, "hovertemplate": "%{y:.4g} (mean of %{customdata}" + tail}
 
 
 def _smoother(smoothing: float):
@@ -136,9 +151,10 @@ def _seed_traces(df: pd.DataFrame, arm: str, metric: str, x: str, smoothing: flo
 
 def _arm_rows(curve: Curve):
     """Yield (arm, columns) per arm of ``curve`` (arms in its order), each column thinned to about
-    ``MAX_POINTS`` keeping every spike (``keep_extremes``): x (int64 where every x is a whole
-    number, as steps are; else float64), mean, ci_low, ci_high (float64), n_seeds, and the mean
-    and edges as drawn (``plotted``: drawn_mean, drawn_low, drawn_high).
+    ``MAX_POINTS`` keeping every spike (``keep_extremes``): x (integers where every x is a whole
+    number, as steps are: the narrowest type that holds them all, ``wire.narrowed``; else float64),
+    mean, ci_low, ci_high (float64), n_seeds, and the mean and edges as drawn (``plotted``:
+    drawn_mean, drawn_low, drawn_high).
     Every arm's kept rows are taken and rounded in one call per column, then cut per arm (views):
     a take per arm and column was ~80 small numpy calls per chart."""
     slices = curve.arm_slices()
@@ -150,7 +166,7 @@ def _arm_rows(curve: Curve):
                    drawn_high=plotted(columns["ci_high"]))
     whole = columns["x"].astype(np.int64)
     if (whole == columns["x"]).all():  # steps: sent as plotly.js integers (int16 for < 32,768 steps,
-        columns["x"] = whole  # a quarter of float64's bytes in every live redraw), the same values
+        columns["x"] = narrowed(whole)  # a quarter of float64's bytes in every live redraw), the same values
     ends = np.cumsum([len(keep) for keep in keeps])
     for (arm, _), end, length in zip(slices, ends, map(len, keeps)):
         yield arm, {name: values[end - length:end] for name, values in columns.items()}
@@ -191,9 +207,8 @@ def _arm_chart(frame: pd.DataFrame, panel: Panel, colours: dict[str, str], x: st
                 traces.append({"type": "scatter", "x": bx, "y": by, "mode": "lines", "fill": "toself",
                                "name": f"{name} ({BANDS[band].label(confidence)})", "fillcolor": fill_colour(hue),
                                "line": {"width": 0}, "showlegend": False, "legendgroup": name, "hoverinfo": "skip"})
-            traces.append({"type": "scatter", "x": rows["x"], "y": rows["drawn_mean"], "customdata": rows["n_seeds"],
-                           "name": name, "mode": "lines", "line": line, "legendgroup": name, "showlegend": legend,
-                           "hovertemplate": "%{y:.4g} (mean of %{customdata} seeds)<extra>" + name + "</extra>"})
+            traces.append({"type": "scatter", "x": rows["x"], "y": rows["drawn_mean"], "name": name, "mode": "lines",
+                           "line": line, "legendgroup": name, "showlegend": legend, **_seed_hover(rows["n_seeds"], name)})
     kind = panel.meta(present[0]) if present else panel.kind
     yaxis = {"title": {"text": kind.axis}}
     if means:

@@ -242,10 +242,22 @@ def resolve_panel(key: str) -> Panel:
 _COVERED = frozenset(m for p in PANELS.values() for m in p.metrics)
 
 
+def has_values(column: pd.Series) -> bool:
+    """``column.notna().any()``: whether it holds a value that is not missing (inf counts). A numpy
+    float or integer column is read as its array (the Series operations cost ~60 us a call, and a
+    redraw of the arms view asked ~80 columns); any other dtype as pandas says."""
+    values = column.to_numpy() if isinstance(column.dtype, np.dtype) else None
+    if values is not None and values.dtype.kind == "f":
+        return not np.isnan(values).all()
+    if values is not None and values.dtype.kind in "iub":
+        return len(values) > 0
+    return bool(column.notna().any())
+
+
 def logged_metrics(df: pd.DataFrame) -> list[str]:
     """The numeric metric columns of a store frame (``RunStore.metrics`` / ``arm_metrics``) with at
     least one logged value, in column order; key columns left out."""
-    return [c for c in df.columns if c not in KEY_COLUMNS and df[c].dtype.kind in "fi" and df[c].notna().any()]
+    return [c for c in df.columns if c not in KEY_COLUMNS and df[c].dtype.kind in "fi" and has_values(df[c])]
 
 
 def extra_metrics(names) -> list[str]:
@@ -261,7 +273,7 @@ def chart_options(names) -> list[str]:
 
 def has_data(df: pd.DataFrame, key: str) -> bool:
     """Whether the chart ``key`` has at least one logged value in ``df``."""
-    return any(m in df.columns and df[m].notna().any() for m in resolve_panel(key).metrics)
+    return any(m in df.columns and has_values(df[m]) for m in resolve_panel(key).metrics)
 
 
 # x-axis choices: label -> function of one run's rows (sorted by step) returning the x values.
@@ -275,7 +287,7 @@ def _x_step(rows: pd.DataFrame) -> pd.Series:
 def _x_tokens(rows: pd.DataFrame) -> pd.Series:
     """Cumulative completion tokens: ``perf/tokens`` if logged, else the sum over steps of
     mean_length x count (the batch's valid completion tokens)."""
-    if "perf/tokens" in rows and rows["perf/tokens"].notna().any():
+    if "perf/tokens" in rows and has_values(rows["perf/tokens"]):
         return rows["perf/tokens"].astype(float)
     if {"completions/mean_length", "completions/count"} <= set(rows.columns):
         return (rows["completions/mean_length"] * rows["completions/count"]).fillna(0).cumsum()
@@ -380,7 +392,7 @@ def drawn_metrics(df: pd.DataFrame, panel: Panel, secondary: bool) -> list[str]:
     """The panel's metrics with data in ``df`` that are drawn: its primary ones, and its
     secondary ones (min / max / per-region: ``Metric.secondary``) only with ``secondary`` or when
     no primary one has data."""
-    present = [m for m in panel.metrics if m in df.columns and df[m].notna().any()]
+    present = [m for m in panel.metrics if m in df.columns and has_values(df[m])]
     primary = [m for m in present if not panel.meta(m).secondary]
     return present if secondary or not primary else primary
 
@@ -492,7 +504,7 @@ def final_metrics_table(df: pd.DataFrame, labels: Mapping[str, str] | None = Non
         if "reward" in run:
             row["reward (best)"] = float(run["reward"].max())
         for metric in FINAL_METRICS:
-            if metric in run and run[metric].notna().any():
+            if metric in run and has_values(run[metric]):
                 row[f"{metric} (last {last_k})"] = float(tail[metric].mean())
         if "perf/step_time" in run:
             row["step time (s)"] = float(run["perf/step_time"].mean())

@@ -16,7 +16,7 @@ from workbench.runs.experiments import (EXPERIMENTS, Experiment, experiment_fram
 from workbench.ui.common import LAUNCH_ERRORS, STATUS_ICONS, guarded_button, launch_planned_and_remember, verdict_table
 from workbench.ui.labs._shared import open_store
 from workbench.viz.arms import arm_figure
-from workbench.viz.curves import Panel, progress
+from workbench.viz.curves import Panel, has_values, progress
 
 REFRESH_S = 2.0  # while a group runs: progress and table re-read this often
 
@@ -76,7 +76,7 @@ def _result(experiment: Experiment, group: str, polling: bool) -> None:
         st.caption("Runs still going: the table scores each run's latest steps and changes as they finish.")
     for metric in experiment.metrics:
         st.subheader(metric)
-        if metric in frame.columns and frame[metric].notna().any():
+        if metric in frame.columns and has_values(frame[metric]):
             chart = arm_figure(frame, Panel(metric, (metric,)), height=260)
             st.plotly_chart(chart.figure, key=f"exp_chart_{metric}")
             st.caption(f"Mean over seeds per arm: {chart.caption}")
