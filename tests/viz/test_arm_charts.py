@@ -174,9 +174,10 @@ def _bucket_extremes_by_loop(mean, low, high, max_points):
 @settings(max_examples=80, deadline=None)
 @given(hst.integers(1, 60), hst.integers(4, 24), hst.data())
 def test_thinning_keeps_what_a_loop_over_buckets_keeps(n, max_points, data):
-    """The vectorised thinning (the four extremes as minima of one stacked array) keeps the
-    indices a plain loop over buckets keeps: ties (+0.0 and -0.0 among them) to the first point,
-    NaN skipped. (Finite values and NaN only: the curves' statistics are of finite points.)"""
+    """The vectorised thinning (bucket extremes by reshaping, NaN and padding as the worst value)
+    keeps the indices a plain loop over buckets keeps: ties (+0.0 and -0.0 among them) to the
+    first point, NaN skipped. (Finite values and NaN only: the curves' statistics are of finite
+    points.)"""
     value = hst.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, 1e300, -1e-300, math.nan])
     mean, low, high = (np.array(data.draw(hst.lists(value, min_size=n, max_size=n))) for _ in range(3))
     assert keep_extremes(mean, low, high, max_points).tolist() == _bucket_extremes_by_loop(mean, low, high, max_points)

@@ -101,11 +101,9 @@ def kept_points(mean: np.ndarray, low: np.ndarray, high: np.ndarray, max_points:
     if n <= max_points:
         return np.ones((a, n), dtype=bool)
     k = -(-n // max(1, max_points // EXTREMES_PER_BUCKET))
-    # the four extremes as minima of (4, A, N) in one call: argmax(v) is argmin(-v), ties and NaN
-    # alike (the first of equal values; NaN loses against every number either way)
-    lowest = _bucket_extreme(np.concatenate([mean, -mean, low, -high]), k, np.argmin)  # (4A, buckets)
-    keep = np.zeros((a, n), dtype=bool)
-    keep[np.tile(np.arange(a), EXTREMES_PER_BUCKET)[:, None], lowest] = True
+    keep, row = np.zeros((a, n), dtype=bool), np.arange(a)[:, None]
+    for values, pick in ((mean, np.argmin), (mean, np.argmax), (low, np.argmin), (high, np.argmax)):
+        keep[row, _bucket_extreme(values, k, pick)] = True
     keep[:, [0, n - 1]] = True
     return keep
 
