@@ -276,7 +276,8 @@ def test_arm_metrics_reads_every_runs_arm_and_seed_in_one_query_in_the_ids_order
 def test_metrics_json_is_decoded_as_the_standard_library_decodes_it():
     """``decode_json_array`` (orjson, the standard library where orjson refuses the text): equal
     values for what ingest writes, and the text an older store may hold (``NaN``, ``Infinity``,
-    an integer beyond 64 bits) still read, not an error."""
+    an integer beyond 64 bits) still read, not an error (such an integer exactly where the standard
+    library decodes the text, else as the nearest float)."""
     import math
 
     from workbench.runs.store import decode_json_array
@@ -285,4 +286,6 @@ def test_metrics_json_is_decoded_as_the_standard_library_decodes_it():
     assert decode_json_array(texts) == json.loads("[" + ",".join(texts) + "]")
     old = decode_json_array(['{"kl": NaN, "x": Infinity}', '{"n": 123456789012345678901234567890}'])
     assert math.isnan(old[0]["kl"]) and old[0]["x"] == math.inf and old[1]["n"] == 123456789012345678901234567890
+    # without text orjson refuses beside it, orjson reads such an integer as the nearest float
+    assert decode_json_array(['{"n": 123456789012345678901234567890}']) == [{"n": 1.2345678901234568e29}]
     assert decode_json_array([]) == []
