@@ -43,3 +43,11 @@ def test_the_target_is_met_only_when_the_interval_is_at_or_below_it(ui_bench):
     assert verdict([1.3] * 4 + [1.6] * 5, 1.5) == "MISSED"
     assert verdict([1.5] * 9, 1.5) == "met"
     assert verdict([1.3] * 5, 1.5) == "met by the median only, within the noise"  # no interval from 5 pairs
+
+
+
+def test_the_default_number_of_pairs_can_judge_the_target(ui_bench):
+    """``make bench`` runs the script with its defaults: they must give the median an interval,
+    or the arms view's target could never be called met (5 pairs, the old default, give none)."""
+    repeats = ui_bench.parser().parse_args([]).repeats
+    assert ui_bench.median_interval([float(i) for i in range(repeats)]) is not None, repeats
