@@ -18,6 +18,8 @@ from workbench.engine.reasoning import (  # noqa: E402
     EVAL_SEED_OFFSET,
     answer_format_reward,
     create_procedural_dataset,
+    final_number,
+    final_number_reward,
     math_verify_reward,
     reasoning_gym_reward,
     reasoning_gym_task,
@@ -104,6 +106,35 @@ def test_math_verify_accepts_equivalent_forms():
                    "<answer>12</answer>"]
     answers = ["1/2", "1/2", "1/2", "1/2", "no maths here"]
     assert math_verify_reward(completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, None]
+
+
+@pytest.mark.parametrize("text, number", [
+    ("7 + 7 = 14.", 14.0),  # a full stop ends the sentence, not the number
+    ("5-7=-2", -2.0),  # a minus sign right before digits is the number's
+    ("7 - 3 = 4", 4.0),  # a spaced minus is the operator
+    ("It is 1,234 apples", 1234.0),  # thousands commas
+    ("1,2 and 3.50", 3.5),  # a comma before fewer than 3 digits separates numbers
+    ("+3", 3.0),
+    ("no digits", None),
+    ("", None),
+])
+def test_final_number_reads_the_last_number_as_written(text, number):
+    assert final_number(text) == number
+
+
+def test_final_number_reward_compares_the_replys_last_number_with_the_answer():
+    completions = ["7 + 7 = 14.", "The answer is 14, not 12", "14 or 12", "no number", "-4", "4",
+                   [{"role": "assistant", "content": "So 10.0"}], "anything", "2"]
+    answers = ["14", "14", "14", "14", "-4", "-4", "10", "ten", "1/2"]
+    # the LAST number counts ("14, not 12" scores 0); gold not a number ("ten") -> None: skipped, as
+    # math_verify does with gold it cannot parse; "1/2" is no single number, so "2" does not match it
+    assert final_number_reward(completions, answer=answers) == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, None, None]
+
+
+def test_final_number_is_a_built_in_reward_of_recipes():
+    from workbench.engine.rewards import load_reward_function
+
+    assert load_reward_function("final_number") is final_number_reward
 
 
 def test_rewards_run_through_the_trainers_batch_scorer():

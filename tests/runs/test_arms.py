@@ -141,6 +141,41 @@ def test_cli_seeds_2_sweep_2_values_launches_exactly_4_runs(full_queue, tmp_path
     assert table[0].split()[:3] == ["id", "arm", "seed"] and len(table) == 5
 
 
+def test_cli_launches_a_canned_experiment_as_its_page_does_into_numbered_groups(full_queue, tmp_path):
+    from workbench.runs.experiments import experiment_plan, get_experiment
+
+    experiment = get_experiment("smollm2-arithmetic")
+    first = cli(tmp_path, "launch", "--experiment", "smollm2-arithmetic")
+    assert first.returncode == 0, first.stderr
+    arms = full_queue.arms("exp-smollm2-arithmetic-1")
+    assert {arm: [r["seed"] for r in runs] for arm, runs in arms.items()} == {
+        "grpo · lr=1e-07": [0, 1, 2], "grpo · lr=2e-05": [0, 1, 2]}
+    planned = {(p.arm, p.seed): p.recipe.to_dict() for p in experiment_plan(experiment)}
+    for arm, runs in arms.items():  # each run trains the experiment's recipe for its arm and seed, nothing else
+        for run in runs:
+            assert yaml.safe_load((Path(run["run_dir"]) / "recipe.yaml").read_text()) == planned[(arm, run["seed"])]
+    second = cli(tmp_path, "launch", "--experiment", "smollm2-arithmetic", "--seeds", "2")
+    assert second.returncode == 0, second.stderr
+    assert len(second.stdout.split()) == 4 and len(full_queue.arms("exp-smollm2-arithmetic-2")) == 2
+
+
+def test_cli_experiment_refuses_recipes_or_settings_beside_it_and_unknown_keys(full_queue, tmp_path):
+    before = leftovers(tmp_path)
+    assert_one_line_error(cli(tmp_path, "launch", "grpo", "--experiment", "mu-reuse"),
+                          "--experiment='mu-reuse' takes no recipes", "an experiment fixes its recipes and settings")
+    assert_one_line_error(cli(tmp_path, "launch", "--experiment", "mu-reuse", "--set", "train.steps=2"),
+                          "takes no --set")
+    assert_one_line_error(cli(tmp_path, "launch", "--experiment", "nope"), "experiment='nope' is not allowed",
+                          "mu-reuse")
+    assert_one_line_error(cli(tmp_path, "launch"), "launch needs recipes", "or --experiment KEY")
+    assert_one_line_error(cli(tmp_path, "launch", "grpo", "--seeds", "0"), "seeds")
+    assert leftovers(tmp_path) == before == ["blocker"]
+    fresh = tmp_path / "fresh"  # a home with no store yet: a refused experiment creates none
+    fresh.mkdir()
+    assert_one_line_error(cli(fresh, "launch", "--experiment", "nope"), "experiment='nope' is not allowed")
+    assert not (fresh / "runs.db").exists() and leftovers(fresh) == []
+
+
 def test_cli_an_invalid_combination_launches_nothing(full_queue, tmp_path):
     before = leftovers(tmp_path)
     res = cli(tmp_path, "launch", "grpo", "rloo", "--seeds", "2", "--sweep", "algorithm.eps_high=0.2,-1")

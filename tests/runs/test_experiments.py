@@ -26,12 +26,17 @@ def test_every_experiment_is_a_valid_plan_of_its_arms_x_seeds(key):
     for p in planned:  # the shared overrides and the swept values reach every recipe
         data = p.recipe.to_dict()
         for item in experiment.overrides:
-            key_path, value = item.split("=")
-            section, name = key_path.split(".")
-            assert data[section][name] == yaml.safe_load(value)
+            key_path, value = item.split("=", 1)  # top-level fields (model=...) and sections (train.steps=...)
+            assert field_value(data, key_path) == yaml.safe_load(value), item
         for field, value in p.sweep.items():
-            section, name = field.split(".")
-            assert data[section][name] == value
+            assert field_value(data, field) == value
+
+
+def field_value(data: dict, dotted: str):
+    """A recipe dict's value at a dotted field path ('train.steps', 'model')."""
+    for name in dotted.split("."):
+        data = data[name]
+    return data
 
 
 def test_experiment_plans_differ_only_where_the_experiment_says():
@@ -46,6 +51,7 @@ def test_experiment_plans_differ_only_where_the_experiment_says():
         "dr-grpo-length": ["algorithm.aggregation", "algorithm.grpo_scale"],
         "mu-reuse": ["train.mu"],
         "kl-k1-vs-k3": ["algorithm.kl_estimator"],
+        "smollm2-arithmetic": ["optim.lr"],
     }
 
 

@@ -132,7 +132,7 @@ def test_unsafe_inputs_are_refused(home):
                                "model directory inside the workbench home")
     assert errors["name"].startswith("name='a/b': character '/' is not allowed")  # 'x y' is a name (a label)
     reward_spec = next(s for s in field_specs() if s.path == "reward_funcs")
-    assert reward_spec.kind == "multi" and set(reward_spec.choices) == {"exact_match", "format", "position_match", "first_char", "reasoning_gym", "answer_format", "math_verify"}
+    assert reward_spec.kind == "multi" and set(reward_spec.choices) == {"exact_match", "format", "position_match", "first_char", "reasoning_gym", "answer_format", "math_verify", "final_number"}
 
 
 def test_widgets_change_the_recipe(home):

@@ -24,6 +24,8 @@ need nothing but the dataset columns, so they also work unchanged inside TRL's G
 - ``answer_format``: 1.0 when the completion ends with exactly one non-empty answer block;
 - ``math_verify``: math-verify's ``verify(parse(gold), parse(extracted))`` for maths answers
   (equivalent forms count: ``1/2`` = ``0.5``); unparseable gold -> None (skipped, as in TRL).
+- ``final_number``: 1.0 when the last number of the reply equals the gold answer (no tags: for
+  models too small to keep the answer format, e.g. SmolLM2-135M); gold not a number -> None.
 
 Importing this module is cheap (no torch, reasoning-gym imported when first needed).
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,11 +313,41 @@ def math_verify_reward(completions: list, answer: list, **kwargs) -> list[float 
     return rewards
 
 
+#: A number as written in a reply: optional sign, digits with optional thousands commas, optional
+#: decimals ("-1,234.5"); a comma or full stop that only ends a sentence is not part of it.
+_NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
+
+
+def final_number(text: str) -> float | None:
+    """The last number written in ``text`` (``_NUMBER``; commas of thousands dropped), None without one.
+    "7 + 7 = 14." -> 14.0; "1,234 apples" -> 1234.0; "x" -> None."""
+    found = _NUMBER.findall(text)
+    return float(found[-1].replace(",", "")) if found else None
+
+
+def final_number_reward(completions: list, answer: list, **kwargs) -> list[float | None]:
+    """1.0 when the last number of the completion equals the gold ``answer`` (as numbers:
+    ``14`` = ``14.0``), 0.0 otherwise or without a number; None when the gold is not a number
+    (skipped). No answer tags needed: the "flexible extract" of lm-evaluation-harness's GSM8K
+    (the last number in the reply), for instruct models too small to keep a format they were
+    never trained on (SmolLM2-135M closes no ``<answer>`` tag: "Canned experiments", README)."""
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, answer, strict=True):
+        gold_text = str(gold).strip()
+        if _NUMBER.fullmatch(gold_text) is None:  # "ten", "1/2": no number to compare with
+            rewards.append(None)
+            continue
+        predicted = final_number(completion_text(completion))
+        rewards.append(float(predicted is not None and predicted == final_number(gold_text)))
+    return rewards
+
+
 #: Reward functions by registry name; ``rewards.py`` registers them (``register_reward``).
 REASONING_REWARDS = {
     "reasoning_gym": reasoning_gym_reward,
     "answer_format": answer_format_reward,
     "math_verify": math_verify_reward,
+    "final_number": final_number_reward,
 }
 for _name, _fn in REASONING_REWARDS.items():
     _fn.reward_name = _name  # metrics read rewards/<name> even before registration

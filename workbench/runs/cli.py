@@ -39,16 +39,26 @@ def _cmd_launch(args) -> int:
     from workbench.runs import RunStore, launch, launch_planned, parse_sweep, plan_runs, wait
     from workbench.runs.roles import cli_principal
 
-    planned = plan_runs(args.recipe, seeds=args.seeds, sweep=parse_sweep(args.sweep), overrides=args.set,
-                        target=args.target, num_processes=args.processes)
-    store = RunStore()
+    if args.experiment:
+        experiment, planned = _experiment_plan(args)
+    elif not args.recipe:
+        return _fail("launch needs recipes (preset names or YAML paths) or --experiment KEY")
+    else:
+        planned = plan_runs(args.recipe, seeds=1 if args.seeds is None else args.seeds, sweep=parse_sweep(args.sweep),
+                            overrides=args.set, target=args.target, num_processes=args.processes)
+    store = RunStore()  # opened once every run is validated: refused input leaves no store behind
+    group = args.group
+    if args.experiment and not group:
+        from workbench.runs.experiments import next_group
+
+        group = next_group(experiment, store.groups()["group"].tolist())
     common = dict(principal=cli_principal(), target=args.target, tags=args.tag, notes=args.notes,
                   num_processes=args.processes, store=store,
                   trust_local_imports=True)  # the CLI user's own reward modules, as Python imports them
-    if len(planned) > 1 or args.group:
+    if len(planned) > 1 or group:
         if args.name:
             return _fail("--name names one run; with several recipes, seeds or sweep values use --group")
-        ids = launch_planned(planned, group=args.group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
+        ids = launch_planned(planned, group=group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
     else:
         only = planned[0]
         ids = [launch(only.recipe, name=args.name, arm=only.arm, sweep=only.sweep, **common)]
@@ -58,6 +68,21 @@ def _cmd_launch(args) -> int:
         return 0
     statuses = [wait(run_id, store=store, on_step=_progress_printer()) for run_id in ids]
     return 0 if all(s == "finished" for s in statuses) else 1
+
+
+def _experiment_plan(args):
+    """(experiment, planned runs) of ``--experiment KEY``: its arms x seeds as the Experiments page
+    launches them (``--seeds`` may change the count; the caller puts them in the next group
+    exp-KEY-n unless ``--group`` names one). Recipes, --set and --sweep are refused beside it: an
+    experiment is its own settings, and what it claims holds for those."""
+    from workbench.runs.experiments import experiment_plan, get_experiment
+
+    given = [flag for flag, value in (("recipes", args.recipe), ("--set", args.set), ("--sweep", args.sweep)) if value]
+    if given:
+        raise ValueError(f"--experiment={args.experiment!r} takes no {' or '.join(given)}: an experiment fixes its "
+                         "recipes and settings (python -m workbench launch PRESET --sweep ... to vary them)")
+    experiment = get_experiment(args.experiment)
+    return experiment, experiment_plan(experiment, seeds=args.seeds, target=args.target, num_processes=args.processes)
 
 
 def _progress_printer():
@@ -446,10 +471,14 @@ def _cmd_tokens(args) -> None:
 def add_run_parsers(sub) -> None:
     """Register ``launch``, ``runs`` and ``collect`` on the top-level subparsers."""
     p = sub.add_parser("launch", help="start runs detached (they outlive this command), recorded in the run store")
-    p.add_argument("recipe", nargs="+", help="preset names or YAML paths; several = one comparison group")
+    p.add_argument("recipe", nargs="*", help="preset names or YAML paths; several = one comparison group")
+    p.add_argument("--experiment", metavar="KEY",
+                   help="launch a canned experiment (Labs -> Experiments) instead of recipes: its arms x seeds in its "
+                        "next group exp-KEY-n; then `compare GROUP --metric M` gives its verdict")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field in every recipe")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="runs per arm, with seeds train.seed + 0..N-1 (paired across arms)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="runs per arm, with seeds train.seed + 0..N-1 (paired across arms; default 1, or the "
+                        "experiment's)")
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
                    help="one arm per value (several --sweep: their grid), crossed with the recipes and seeds")
     p.add_argument("--target", default="local",

@@ -160,6 +160,51 @@ EXPERIMENTS: dict[str, Experiment] = {e.key: e for e in [
              "completion tokens (TRL logs only the mean, kl); kl/step_change, |kl_t - kl_{t-1}|, "
              "is the noise of its batch mean step to step.",
     ),
+    Experiment(
+        key="smollm2-arithmetic",
+        title="A real model learns in a coffee break: SmolLM2-135M on one-digit sums",
+        question="Does GRPO raise SmolLM2-135M-Instruct's accuracy on one-digit sums and differences, in training "
+                 "and on held-out questions, within 20 minutes on a 2-core CPU, beyond what sampling noise gives "
+                 "a policy that barely moves?",
+        presets=("grpo",),
+        # The control arm samples, scores and steps exactly as the other, at a learning rate 200x
+        # smaller: over 16 steps its policy stays where it started, so its curves are the untrained
+        # model's under the same sampling noise (a frozen policy would need an lr of 0, which no
+        # optimiser setting allows). The seeds pair the arms' held-out questions and sampling.
+        sweep={"optim.lr": [1.0e-7, 2.0e-5]},
+        overrides=(
+            "model=smollm2-135m",
+            "task=reasoning_gym/basic_arithmetic",
+            "task_config={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ['+', '-'], "
+            "allow_negation: false, allow_parentheses: false}",
+            "system_prompt=Reply with just the number.",
+            "reward_funcs=[final_number]",
+            "algorithm.kl_coef=0",
+            "sampling.max_completion_length=24",
+            "train.steps=16",
+            "train.threads=1",
+            "eval.every=8",
+            "eval.num_prompts=32",
+            "eval.pass_k=4",
+            "logging.samples_per_step=4",
+        ),
+        metric="reward",
+        also=("eval/pass@1", "eval/pass@k", "completions/mean_length"),
+        window=0.5,
+        expect=Expectation(higher="grpo · lr=2e-05", lower="grpo · lr=1e-07"),
+        paper="RL with verifiable rewards raises a pretrained instruct model's accuracy on the task it is rewarded "
+              "for within a few dozen steps, held-out questions included, as in TRL's and verl's GRPO quick-starts "
+              "(there on GSM8K with larger models and GPUs).",
+        citation="Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, §4 (GRPO); model: Allal et al. 2025, SmolLM2, "
+                 "arXiv:2502.02737",
+        note="The de-quantised SmolLM2-135M never closes <answer> tags (README, Status), so the reward is "
+             "final_number: 1 when the last number of the reply equals the answer (lm-evaluation-harness's "
+             "flexible extract), under a one-line system prompt asking for the number only. kl_coef 0 (TRL's "
+             "default); 16 steps of 4 prompts x G = 8, 24 tokens, one thread per run. The verdict window is the "
+             "second half of each run (8 steps; the last 10% would be 2 steps of 32 completions each). Held-out "
+             "accuracy: eval/pass@1 (greedy) and eval/pass@k (any of 4 samples at temperature 1) on 32 questions "
+             "of reasoning-gym's eval split, at steps 0, 8 and after the last update.",
+    ),
 ]}
 
 
@@ -169,12 +214,14 @@ def get_experiment(key: str) -> Experiment:
     return EXPERIMENTS[key]
 
 
-def experiment_plan(experiment: Experiment, seeds: int | None = None) -> list[PlannedRun]:
-    """The experiment's runs (arms x seeds, each validated for this machine), for ``launch_planned``."""
+def experiment_plan(experiment: Experiment, seeds: int | None = None, *, target: str = "local",
+                    num_processes: int = 1) -> list[PlannedRun]:
+    """The experiment's runs (arms x seeds, each validated for ``target``), for ``launch_planned``."""
     from workbench.runs.service import plan_runs
 
     return plan_runs(list(experiment.presets), seeds=experiment.seeds if seeds is None else seeds,
-                     sweep={k: list(v) for k, v in experiment.sweep.items()}, overrides=list(experiment.overrides))
+                     sweep={k: list(v) for k, v in experiment.sweep.items()}, overrides=list(experiment.overrides),
+                     target=target, num_processes=num_processes)
 
 
 def experiment_groups(experiment: Experiment, groups: Sequence[str]) -> list[str]:
