@@ -115,6 +115,7 @@ def test_math_verify_accepts_equivalent_forms():
     ("It is 1,234 apples", 1234.0),  # thousands commas
     ("1,2 and 3.50", 3.5),  # a comma before fewer than 3 digits separates numbers
     ("+3", 3.0),
+    ("9007199254740993", 9007199254740993),  # 2^53 + 1: exact (as a float it would equal 2^53)
     ("no digits", None),
     ("", None),
 ])
@@ -129,6 +130,8 @@ def test_final_number_reward_compares_the_replys_last_number_with_the_answer():
     # the LAST number counts ("14, not 12" scores 0); gold not a number ("ten") -> None: skipped, as
     # math_verify does with gold it cannot parse; "1/2" is no single number, so "2" does not match it
     assert final_number_reward(completions, answer=answers) == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, None, None]
+    # numbers past float precision compare exactly: 2^53 is not 2^53 + 1
+    assert final_number_reward(["9007199254740992", "9007199254740993"], answer=["9007199254740993"] * 2) == [0.0, 1.0]
 
 
 def test_final_number_is_a_built_in_reward_of_recipes():

@@ -38,6 +38,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from workbench.recipe import REASONING_GYM_PREFIX
@@ -318,11 +319,12 @@ def math_verify_reward(completions: list, answer: list, **kwargs) -> list[float 
 _NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
 
 
-def final_number(text: str) -> float | None:
-    """The last number written in ``text`` (``_NUMBER``; commas of thousands dropped), None without one.
-    "7 + 7 = 14." -> 14.0; "1,234 apples" -> 1234.0; "x" -> None."""
+def final_number(text: str) -> Decimal | None:
+    """The last number written in ``text`` (``_NUMBER``; commas of thousands dropped), None without one;
+    a Decimal, exact at any length (a float would call 2^53 + 1 equal to 2^53).
+    "7 + 7 = 14." -> 14; "1,234 apples" -> 1234; "x" -> None."""
     found = _NUMBER.findall(text)
-    return float(found[-1].replace(",", "")) if found else None
+    return Decimal(found[-1].replace(",", "")) if found else None
 
 
 def final_number_reward(completions: list, answer: list, **kwargs) -> list[float | None]:
