@@ -1,26 +1,30 @@
 """A reinforce_pp run with token-level rollout rejection whitens over the kept tokens only, as
 verl's driver (rejection holes response_mask before compute_advantage): the built-in tiny model's
-step-0 batch with a hole punched at token 1 of every completion."""
+step-0 prompts with completions of 1..6 tokens (fixed, not sampled) and a hole punched at token 1
+of every completion."""
 
 import math
 
 import pytest
 import torch
 
+from tests.engine.fixed_rollouts import cycling_lengths, rollout_of_lengths
 from workbench.engine.trainer import Trainer
 from workbench.recipe import load_recipe
 
 
 def holed_step(few_problems, tmp_path):
-    """A reinforce_pp trainer with token_k1 rejection at max e^0.25 and its step-0 rollout, whose
-    rollout log-probs are raised by 0.1 on every token and by 0.5 on token 1: token 1 alone is
-    rejected (+ float noise ~1e-6 between generation and the trainer's forward). -> (trainer, rollout, positions)."""
+    """A reinforce_pp trainer with token_k1 rejection at max e^0.25 and its step-0 prompts with
+    completions of lengths 1, 2, ..., 6, 1, ... (``rollout_of_lengths``), whose rollout log-probs
+    are the trainer's own raised by 0.1 on every token and by 0.5 on token 1: k1 = 0.1 or 0.5, so
+    token 1 alone is rejected. -> (trainer, rollout, positions)."""
     recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0",
                                   "algorithm.rollout_rejection=token_k1", f"algorithm.rollout_rejection_max={math.exp(0.25)}",
                                   "train.threads=1"])
     t = Trainer(recipe, tmp_path)
     t.setup()
-    _, out = t.rollout(0)
+    _, sampled = t.rollout(0)
+    out = rollout_of_lengths(t, sampled, cycling_lengths(sampled.prompt_ids.shape[0], 6))
     position = torch.arange(out.completion_mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
     out.rollout_logp = out.rollout_logp + torch.where(position == 1, 0.5, 0.1) * out.completion_mask
     return t, out, position
@@ -32,7 +36,7 @@ def test_reinforce_pp_with_token_rejection_whitens_over_kept_tokens(wb_home, few
     rewards = torch.linspace(0.0, 1.0, mask.shape[0])
     batch, _ = t.prepare_batch(out, rewards)
     kept = (mask * (position != 1)).bool()
-    assert (mask.bool() & ~kept).any(), "the batch needs completions longer than 1 token"
+    assert (mask.bool() & ~kept).any() and (mask.sum(1) == 1).any()  # holed rows and one-token rows
     torch.testing.assert_close(batch.loss_mask, kept.to(batch.loss_mask.dtype))
     a = batch.advantages.double()
     assert a[kept].mean().item() == pytest.approx(0.0, abs=1e-6)

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from tests.engine.fixed_rollouts import cycling_lengths, rollout_of_lengths
 from tests.test_cli import assert_one_line_error, cli, leftovers
 from workbench.core import ObjectiveConfig, policy_objective
 from workbench.engine.events import read_events
@@ -80,25 +81,27 @@ def test_off_settings_give_no_weights_no_mask_and_no_metrics():
 
 
 def test_prepare_batch_takes_rejected_tokens_out_of_the_loss_mask_only(wb_home, few_problems, tmp_path):
-    """Step 0's batch with the rollout engine's log-probs raised by 0.1 (t + 1) on token t, so
-    k1_t = -(old - rollout) = 0.1 (t + 1) (+ float noise ~1e-6: hf generation and the trainer score
-    the same weights): token_k1 with max e^0.25 keeps tokens 0 and 1 (0.1, 0.2) and rejects t >= 2.
-    The IS weights stay e^(-0.1 (t + 1)) on every valid token, rejected ones included (verl)."""
+    """Step 0's prompts with completions of 1..5 tokens (``rollout_of_lengths``: fixed, not sampled)
+    and the rollout engine's log-probs the trainer's own raised by 0.1 (t + 1) on token t, so
+    k1_t = -(old - rollout) = 0.1 (t + 1): token_k1 with max e^0.25 keeps tokens 0 and 1 (0.1, 0.2)
+    and rejects t >= 2. The IS weights stay e^(-0.1 (t + 1)) on every valid token, rejected ones
+    included (verl)."""
     recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.rollout_correction=token_truncate",
                                   "algorithm.rollout_rejection=token_k1", f"algorithm.rollout_rejection_max={math.exp(0.25)}"])
     t = Trainer(recipe, tmp_path)
     t.setup()
-    _, out = t.rollout(0)
+    _, sampled = t.rollout(0)
+    out = rollout_of_lengths(t, sampled, cycling_lengths(sampled.prompt_ids.shape[0], 5))
     mask = out.completion_mask
     position = torch.arange(mask.shape[1], dtype=out.rollout_logp.dtype)[None, :]
     out.rollout_logp = out.rollout_logp + 0.1 * (position + 1) * mask
     rewards = torch.linspace(0.0, 1.0, mask.shape[0])
     batch, _ = t.prepare_batch(out, rewards)
     expected = mask * (position < 2)
-    assert 0 < expected.sum() < mask.sum(), "the batch needs completions longer than 2 tokens"
+    assert 0 < expected.sum() < mask.sum()
     torch.testing.assert_close(batch.loss_mask, expected.to(batch.loss_mask.dtype))
     torch.testing.assert_close(batch.completion_mask, mask)  # advantages, entropy and lengths still see every token
-    torch.testing.assert_close(batch.is_weights, torch.exp(-0.1 * (position + 1)) * mask, atol=2e-5, rtol=0)
+    torch.testing.assert_close(batch.is_weights, torch.exp(-0.1 * (position + 1)) * mask, atol=1e-6, rtol=0)
     # the same refusal as rollout_correction's when the rollout engine reports no log-probs
     out.rollout_logp = None
     t.recipe = load_recipe("grpo", [f"dataset={few_problems}", "algorithm.rollout_rejection=token_k3",
