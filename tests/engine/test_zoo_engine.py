@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from tests.engine.fixed_rollouts import cycling_lengths, rollout_of_lengths
 from workbench.core import combine_rewards, high_entropy_mask, masked_mean
 from workbench.engine.events import read_events
 from workbench.engine.forward import logprobs_and_entropy
@@ -153,12 +154,15 @@ def test_rollout_correction_bounds_are_checked():
 
 def test_top_entropy_quantile_trains_only_the_high_entropy_tokens(wb_home, few_problems, tmp_path):
     """gpg (-A logp), token-mean: the loss is -sum over kept tokens of A_t logp_t / (all valid
-    tokens), TRL's convention (the mask multiplies the per-token loss; the normaliser is unchanged)."""
+    tokens), TRL's convention (the mask multiplies the per-token loss; the normaliser is unchanged).
+    Completions of 1..6 tokens (fixed, not sampled: uniformly short samples would make half the
+    tokens first tokens, whose entropies tie within each prompt's group)."""
     recipe = recipe_for(few_problems, "algorithm.kl_coef=0", "algorithm.policy_loss=gpg", "algorithm.aggregation=token-mean",
                         "algorithm.top_entropy_quantile=0.2")
     t = Trainer(recipe, tmp_path)
     t.setup()
-    _, out = t.rollout(0)
+    _, sampled = t.rollout(0)
+    out = rollout_of_lengths(t, sampled, cycling_lengths(sampled.prompt_ids.shape[0], 6))
     batch, _ = t.prepare_batch(out, torch.linspace(0.0, 1.0, out.completion_mask.shape[0]))
     n_tokens, n_seqs = global_counts(t.ranks, batch.loss_mask, batch.completion_mask)
     _, metrics, _, _ = t.micro_loss(batch, n_tokens, n_seqs)
