@@ -127,7 +127,7 @@ def test_shared_prefix_critic_values_and_gradients(tiny):
     """The value head's inputs (the backbone's hidden states at the value positions, O(1) after the
     final norm) agree to 1e-5 + fp32's relative allowance; each value V = w . h + b then agrees to
     what that allowance carries through the head, sum_i |w_i| (1e-5 + FP32_RTOL |h_i|) (a head of
-    N(0, 0.5) weights sums 128 terms into values of ~10, so one fixed bound on V would be either
+    N(0, 0.5) weights sums the tiny model's 128 terms into values of ~10, so one fixed bound on V would be either
     too loose for a wrong position or, on some CPU, tighter than fp32); gradients as elsewhere."""
     model, tok = tiny
     batch = _grouped_batch(tok)
@@ -144,7 +144,7 @@ def test_shared_prefix_critic_values_and_gradients(tiny):
         (values * batch.completion_mask).square().sum().backward()
         results.append((values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()}))
     (plain, plain_grads), (shared, shared_grads) = results
-    assert plain.shape == batch.completion_mask.shape and heads_input[0].shape == (*plain.shape, 128)
+    assert plain.shape == batch.completion_mask.shape and heads_input[0].shape == (*plain.shape, model.config.hidden_size)
     atol = 1e-5
     torch.testing.assert_close(heads_input[1], heads_input[0], atol=atol, rtol=FP32_RTOL)
     carried = (atol + FP32_RTOL * heads_input[0].abs()) @ critic.head.weight.detach().abs().squeeze(0)
