@@ -170,10 +170,15 @@ def test_cli_experiment_refuses_recipes_or_settings_beside_it_and_unknown_keys(f
     assert_one_line_error(cli(tmp_path, "launch"), "launch needs recipes", "or --experiment KEY")
     assert_one_line_error(cli(tmp_path, "launch", "grpo", "--seeds", "0"), "seeds")
     assert leftovers(tmp_path) == before == ["blocker"]
-    fresh = tmp_path / "fresh"  # a home with no store yet: a refused experiment creates none
+    fresh = tmp_path / "fresh"  # a home with no store yet: no refused launch creates one
     fresh.mkdir()
-    assert_one_line_error(cli(fresh, "launch", "--experiment", "nope"), "experiment='nope' is not allowed")
-    assert not (fresh / "runs.db").exists() and leftovers(fresh) == []
+    for argv, says in ((["--experiment", "nope"], "experiment='nope' is not allowed"),
+                       (["grpo", "--seeds", "0"], "seeds"),
+                       (["grpo", "--seeds", "2", "--name", "x"], "--name names one run"),
+                       (["grpo", "--group", "g", "--name", "x"], "--name names one run"),
+                       (["--experiment", "smollm2-arithmetic", "--name", "x"], "or --experiment, use --group")):
+        assert_one_line_error(cli(fresh, "launch", *argv), says)
+        assert not (fresh / "runs.db").exists() and leftovers(fresh) == [], argv
 
 
 def test_cli_an_invalid_combination_launches_nothing(full_queue, tmp_path):

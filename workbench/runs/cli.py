@@ -46,7 +46,11 @@ def _cmd_launch(args) -> int:
     else:
         planned = plan_runs(args.recipe, seeds=1 if args.seeds is None else args.seeds, sweep=parse_sweep(args.sweep),
                             overrides=args.set, target=args.target, num_processes=args.processes)
-    store = RunStore()  # opened once every run is validated: refused input leaves no store behind
+    grouped = len(planned) > 1 or bool(args.group) or bool(args.experiment)  # an experiment always has its group
+    if grouped and args.name:
+        return _fail("--name names one run; with several recipes, seeds or sweep values, or --experiment, "
+                     "use --group")
+    store = RunStore()  # opened once every input is checked: refused input leaves no store behind
     group = args.group
     if args.experiment and not group:
         from workbench.runs.experiments import next_group
@@ -55,9 +59,7 @@ def _cmd_launch(args) -> int:
     common = dict(principal=cli_principal(), target=args.target, tags=args.tag, notes=args.notes,
                   num_processes=args.processes, store=store,
                   trust_local_imports=True)  # the CLI user's own reward modules, as Python imports them
-    if len(planned) > 1 or group:
-        if args.name:
-            return _fail("--name names one run; with several recipes, seeds or sweep values use --group")
+    if grouped:
         ids = launch_planned(planned, group=group or f"group-{time.strftime('%Y%m%d-%H%M%S')}", **common)
     else:
         only = planned[0]
