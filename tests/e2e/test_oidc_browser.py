@@ -291,6 +291,7 @@ def test_viewer_member_admin_through_the_identity_provider(browser, app, store, 
         steps.press("Enter")
         go = page.get_by_role("button", name="Launch run")
         wait_until(lambda: go.is_enabled(), 30, "the launch button to be enabled", page=page)
+        wait_idle(page)  # the steps field's rerun done: a click on the button it replaces was lost under load
         go.click()
         mels_run = wait_until(lambda: runs_by(store, "mel@lab.org"), 60, "the member's run in the store", page=page)[0]
         assert store.get_run(mels_run)["status"] == "queued"  # behind the admin's run, in the only CPU slot
