@@ -58,16 +58,29 @@ def _show_charts(page) -> None:
 LOADED_MACHINE_FACTOR = 3
 
 
+def pause(page, seconds: float) -> None:
+    """Wait ``seconds`` while Playwright's sync client keeps serving the page: its route handlers
+    and event listeners are Python callbacks that run only inside a Playwright call, so a
+    ``time.sleep`` holds them. A websocket routed through the test (``ClickForger``) then holds
+    every message the page sends: a click sent after ``click()`` returned reached the server only
+    at the next Playwright call (a failure's screenshot, 180 s later, under CI's load)."""
+    if page is None:
+        time.sleep(seconds)
+    else:
+        page.wait_for_timeout(seconds * 1000)
+
+
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.5, page=None):
     """Poll ``predicate`` until it is truthy (returned) or ``timeout`` x LOADED_MACHINE_FACTOR
-    seconds pass (fails with a screenshot, the page's messages and the start of its text)."""
+    seconds pass (fails with a screenshot, the page's messages and the start of its text).
+    Between polls ``page``'s handlers are served (``pause``)."""
     timeout *= LOADED_MACHINE_FACTOR
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(poll)
+        pause(page, poll)
     text = ""
     if page is not None:
         page.screenshot(path=str(FAILURE_SHOT), full_page=True)
@@ -120,7 +133,7 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
     page.get_by_role("option", name="rloo").first.click()
     page.keyboard.press("Escape")
     go = page.get_by_role("button", name="Launch 2 runs")
-    wait_until(lambda: go.is_enabled(), 30, "the launch button to be enabled")
+    wait_until(lambda: go.is_enabled(), 30, "the launch button to be enabled", page=page)
     page.screenshot(path=str(screenshots / "launch.png"))
     go.click()
     page.get_by_text("Launched comparison group").wait_for()
@@ -160,9 +173,9 @@ def test_launch_watch_cancel_export(browser_page, server, store, tmp_path, scree
     wait_until(lambda: page.get_by_label("Name", exact=True).input_value() == "rloo", 30, "the run to be selected", page=page)
     assert page.url.split("?")[0].endswith("/runs"), page.url
     cancel = page.get_by_role("button", name="Cancel run")
-    wait_until(lambda: cancel.is_enabled(), 30, "the cancel button")
+    wait_until(lambda: cancel.is_enabled(), 30, "the cancel button", page=page)
     cancel.click()
-    wait_until(lambda: store.get_run(rloo_id)["status"] == "cancelled", 60, "the run to be cancelled")
+    wait_until(lambda: store.get_run(rloo_id)["status"] == "cancelled", 60, "the run to be cancelled", page=page)
     page.get_by_text("Status: cancelled").wait_for()  # the status line updates in place
     # nothing on the page still says it runs (the selector's label said "running" after the cancel)
     assert page.get_by_label("Run", exact=True).input_value() == f"rloo · {rloo_id}"

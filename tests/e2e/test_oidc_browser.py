@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT, SERVER_FLAGS, free_port, wait_healthy
-from tests.e2e.test_browser import wait_until
+from tests.e2e.test_browser import pause, wait_until
 from tests.e2e.wire_log import WireLog
 from tests.helpers import home_with_tiny_model, missing_component
 from workbench.runs import RunStore, cancel
@@ -145,7 +145,10 @@ def browser(chromium):
 class ClickForger:
     """Watches a page's Streamlit websocket and can send a click the page would not: the page's own
     last rerun message with a trigger for a button added (its widget id read from the server's
-    messages by label). What Streamlit before 1.61 took from a crafted client."""
+    messages by label). What Streamlit before 1.61 took from a crafted client. Every message of
+    the page passes through this process's handlers, which Playwright's sync client runs only
+    inside a Playwright call: the test waits with ``pause`` / ``wait_until(page=...)``, never
+    ``time.sleep``, while the page may send."""
 
     def __init__(self, page):
         self.ids: dict[str, str] = {}
@@ -249,7 +252,7 @@ def click_until(page, button, done, what: str, wait_s: float = 20) -> None:
         while time.time() < deadline:
             if done():
                 return
-            time.sleep(0.5)
+            pause(page, 0.5)  # the page's websocket is routed through this process (ClickForger)
         if attempt == 0 and not button.is_enabled():
             break
     wait_until(done, 1, what, page=page)  # fails with a screenshot and the page's text
@@ -291,7 +294,7 @@ def test_viewer_member_admin_through_the_identity_provider(browser, app, store, 
         steps.press("Enter")
         go = page.get_by_role("button", name="Launch run")
         wait_until(lambda: go.is_enabled(), 30, "the launch button to be enabled", page=page)
-        wait_idle(page)  # the steps field's rerun done: a click on the button it replaces was lost under load
+        wait_idle(page)  # the steps field's rerun done: the click lands on the button drawn last
         go.click()
         mels_run = wait_until(lambda: runs_by(store, "mel@lab.org"), 60, "the member's run in the store", page=page)[0]
         assert store.get_run(mels_run)["status"] == "queued"  # behind the admin's run, in the only CPU slot
