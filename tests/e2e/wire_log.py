@@ -55,7 +55,9 @@ def _forward(raw: bytes, deltas: list[int]) -> str | None:
 
 class WireLog:
     """Attach to a Playwright page before it opens the app; ``text()`` is the newest exchanges,
-    one per line, with seconds since the log started."""
+    one per line, with seconds since the log started. The seconds are when this process handled
+    the frame: Playwright's sync client delivers events only inside its calls, so a frame stamped
+    late may have waited out a ``time.sleep`` of the test's (``test_browser.pause``)."""
 
     def __init__(self, page) -> None:
         self.start = time.time()
