@@ -17,6 +17,7 @@ median ratio lies at or below 1.5x (``median_interval``), which takes n >= 6 pai
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import subprocess
@@ -57,6 +58,34 @@ def fill_store(home: Path, runs: int, steps: int, seeds: int = 1) -> list[str]:
     return ids
 
 
+class CollectorClock:
+    """Seconds CPython's cyclic garbage collector has run in this process (``gc.callbacks``): a
+    full collection holds the GIL, so it lands in whichever render it falls into."""
+
+    def __init__(self) -> None:
+        self.total, self._start = 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
+
+
+COLLECTOR = CollectorClock()
+
+
+def full_collection_ms(repeats: int = 3) -> float:
+    """The fastest of ``repeats`` full collections (``gc.collect()``), in ms."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        gc.collect()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
 VIEWS = ("per-run", "arms")
 MODES = {  # what happened before a timed render of the page
     "first": "first open (nothing decoded or drawn yet)",
@@ -77,9 +106,10 @@ class ComparePage:
 
         self.runs, self.steps, self.seeds, self.home = runs, steps, seeds, tempfile.mkdtemp(dir=SCRATCH)
         self.ids = fill_store(Path(self.home), runs, steps, seeds)
-        self.store, self.appended = RunStore(), 0
-        self.at = AppTest.from_string("from workbench.ui import compare_page\ncompare_page.render()\n",
-                                      default_timeout=120)
+        self.store, self.appended, self.collector = RunStore(), 0, []  # collector: its seconds per render
+        # the page as the server's navigation runs it (``import_page``: its first import freezes the heap)
+        self.at = AppTest.from_string("from workbench.ui.heap import import_page\n"
+                                      "import_page('workbench.ui.compare_page').render()\n", default_timeout=120)
         self.render("same")  # imports and first-time caches
         assert self.at.radio(key="compare_view").value == ("arms" if seeds > 1 else "per run")
         assert len(self.at.get("plotly_chart")) == 11, "every panel should render"
@@ -103,9 +133,10 @@ class ComparePage:
             for run_id in self.ids:
                 self.store.ingest(run_id, [metrics_event(step, float(step))])
             self.appended += 1
-        t = time.perf_counter()
+        t, collected = time.perf_counter(), COLLECTOR.total
         self.at.run()
         took = time.perf_counter() - t
+        self.collector.append(COLLECTOR.total - collected)
         assert not self.at.exception
         return took
 
@@ -127,6 +158,7 @@ class ComparePage:
 def paired_times(small: ComparePage, big: ComparePage, repeats: int, mode: str) -> tuple[list[float], list[float]]:
     """``repeats`` renders of each page in ``mode``, alternating (small, big), so that a slow moment of
     the machine falls on both: (small times, big times)."""
+    small.collector.clear(), big.collector.clear()
     pairs = [(small.render(mode), big.render(mode)) for _ in range(repeats)]
     return [a for a, _ in pairs], [b for _, b in pairs]
 
@@ -264,6 +296,13 @@ def main() -> None:
         for mode in [m for m in MODES if m in args.modes]:
             report(f"{args.arms} arms x {args.seeds} seeds x {args.steps} steps, {MODES[mode]}",
                    *paired_times(small, big, args.repeats, mode), ratio_target=ARMS_RATIO_TARGET)
+            # how much of those renders the garbage collector took (mean: its stalls are rare and long)
+            print(f"  garbage collector: {1e3 * statistics.mean(big.collector):.1f} ms a render on average, "
+                  f"max {1e3 * max(big.collector):.0f} ms (baseline {1e3 * statistics.mean(small.collector):.1f} ms)")
+        # the server freezes its heap at a page module's first import (workbench.ui.heap): what a
+        # full collection still walks
+        print(f"  a full garbage collection now: {full_collection_ms():.1f} ms ({gc.get_freeze_count():,} objects "
+              f"frozen, {len(gc.get_objects()):,} tracked)")
     sys.stdout.flush()
     if args.latency_steps:
         lat = latency(args.latency_steps)

@@ -3,10 +3,11 @@ each other with ``st.switch_page`` and the navigation can be checked without a b
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, NamedTuple
 
 import streamlit as st
+
+from workbench.ui.heap import import_page
 
 
 class PageSpec(NamedTuple):
@@ -20,7 +21,7 @@ class PageSpec(NamedTuple):
 def _render(module: str) -> Callable[[], None]:
     """The page's render function, imported on the first visit (not when the navigation is built)."""
     def render() -> None:
-        importlib.import_module(f"workbench.ui.{module}").render()
+        import_page(f"workbench.ui.{module}").render()
 
     render.__name__ = render.__qualname__ = f"render_{module}"
     return render

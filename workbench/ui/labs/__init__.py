@@ -15,10 +15,10 @@ first visit to Launch take ~8 s).
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, NamedTuple
 
 from workbench.algorithms import FAMILIES, names, walkthroughs
+from workbench.ui.heap import import_page
 
 # Families with one walkthrough page per registered name (render_component has a worked example for them).
 COMPONENT_FAMILIES: tuple[str, ...] = ("advantage", "policy_loss", "shaping")
@@ -40,7 +40,7 @@ def page_title(family: str, name: str) -> str:
 def _lazy(module: str, function: str = "render", *args: str) -> Callable[[], None]:
     """A render function that imports ``workbench.ui.labs.<module>`` on its first call."""
     def render() -> None:
-        getattr(importlib.import_module(f"workbench.ui.labs.{module}"), function)(*args)
+        getattr(import_page(f"workbench.ui.labs.{module}"), function)(*args)
 
     render.__name__ = render.__qualname__ = "_".join(["render", module, *args])
     return render
