@@ -49,24 +49,32 @@ def test_the_first_import_of_a_page_freezes_the_heap_once(home):
     assert seen["after_first_tracked"]
 
 
-def test_import_page_returns_the_module_and_freezes_only_on_its_first_import(tmp_path):
+def test_import_page_returns_the_module_and_freezes_once_per_module(tmp_path):
     (tmp_path / "wb_heap_probe_page.py").write_text("VALUE = 41\n")
+    (tmp_path / "wb_heap_probe_other.py").write_text("VALUE = 42\n")
     script = """
 import gc, json, sys
 sys.path.insert(0, sys.argv[1])
 from workbench.ui.heap import import_page
-import wb_heap_probe_page as already  # imported before: import_page returns it, freezes nothing
-marker = ["x"]
-same = import_page("wb_heap_probe_page") is already
-first = gc.get_freeze_count()
-sys.modules.pop("wb_heap_probe_page")
-fresh = import_page("wb_heap_probe_page")
-print(json.dumps({"same": same, "frozen_before": first, "frozen": gc.get_freeze_count(), "value": fresh.VALUE,
-                  "marker_tracked": any(o is marker for g in range(3) for o in gc.get_objects(g))}))
+import wb_heap_probe_page as already
+
+def tracked(obj):
+    return any(o is obj for g in range(3) for o in gc.get_objects(g))
+
+before = ["made before the first call"]
+same = import_page("wb_heap_probe_page") is already  # loaded before: returned as it is, and frozen after
+between = ["made between the calls"]
+again = import_page("wb_heap_probe_page") is already  # asked for again: nothing frozen
+kept = tracked(between)
+other = import_page("wb_heap_probe_other").VALUE  # another module: frozen after it too
+print(json.dumps({"same": same, "again": again, "before_tracked": tracked(before), "between_tracked_after_second": kept,
+                  "between_tracked_after_other": tracked(between), "other": other}))
 """
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["same"] and seen["frozen_before"] == 0
-    assert seen["value"] == 41 and seen["frozen"] > 1_000 and not seen["marker_tracked"]
+    assert seen["same"] and seen["again"] and seen["other"] == 42
+    assert not seen["before_tracked"]  # the first call froze it
+    assert seen["between_tracked_after_second"]  # the second call of the same module froze nothing
+    assert not seen["between_tracked_after_other"]  # a new module's first call froze it
