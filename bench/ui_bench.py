@@ -268,8 +268,8 @@ def parser() -> argparse.ArgumentParser:
     # default of 5 gave none, so the arms view's target could never be called met); 9 give (x_(2), x_(8))
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--latency-steps", type=int, default=10)
-    ap.add_argument("--unfrozen", action="store_true", help="unfreeze the heap once the pages are open (the server "
-                    "before workbench.ui.heap): the garbage collector's full collections walk the imports again")
+    ap.add_argument("--unfrozen", action="store_true", help="arms view: unfreeze the heap once its two pages are open "
+                    "(the server before workbench.ui.heap), so that full collections walk the imports again")
     ap.add_argument("--views", nargs="+", choices=VIEWS, default=list(VIEWS), help="which views to time (default: both)")
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                     help="which renders to time (default: all): e.g. --views arms --modes new --repeats 41 for a "

@@ -11,9 +11,8 @@ median is 0.12 s (``bench/ui_bench.py --unfrozen``; see README, Speed).
 
 ``import_page`` imports a page's module; the first time a module is asked for, it collects,
 then moves every object alive to the permanent generation (``gc.freeze``), which full
-collections skip.
-Objects frozen are still freed by reference counting as usual; what freezing gives up is the
-collection of a *cycle* among them that becomes garbage later. Freezing happens at most once per
+collections skip. Objects frozen are still freed by reference counting as usual; what freezing
+gives up is the collection of a *cycle* among them that becomes garbage later. Freezing happens at most once per
 page module (13: 7 pages, 6 lab modules) per process, right after a collection, so what it keeps
 from collection is the imports plus the sessions' state of those moments: bounded, never growing.
 """
